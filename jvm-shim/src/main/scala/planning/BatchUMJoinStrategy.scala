@@ -1,0 +1,103 @@
+package umjoin.spark.planning
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.{Cast, Expression, PredicateHelper}
+import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
+import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
+import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
+import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
+import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
+
+import umjoin.spark.UMJoinConf
+import umjoin.spark.exec.UMJoinExec
+import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
+
+/**
+ * The batch hook: a planner strategy over Spark's fully optimized logical plan (after join
+ * reordering). When the node being planned is the root of a TSC group that can run as one
+ * operator, it becomes a UMJoinExec whose inputs are planned later; planning those inputs reaches
+ * nested groups in turn, so Spark's planner performs TSC step 2's recursive replacement. Under AQE
+ * the re-optimized plan is planned by this same strategy.
+ */
+final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[LogicalPlan])
+  extends SparkStrategy with JoinSelectionHelper with PredicateHelper with Logging {
+
+  private val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf)
+
+  override def apply(plan: LogicalPlan): Seq[SparkPlan] = {
+    val conf = UMJoinConf.from(session.sessionState.conf)
+    plan match {
+      // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
+      case join: Join if conf.enabled && !join.isStreaming =>
+        GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan) match {
+          case Right((group, umjoin)) => Seq(exec(group, umjoin))
+          case Left(reason) =>
+            logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
+            Nil
+        }
+      case _ => Nil
+    }
+  }
+
+  /** The plan this group runs with, or why it cannot run as one UMJoin. */
+  private def tryPlan(group: MultiJoinGroup[LogicalPlan]): Either[String, UMJoinPlan] = {
+    val conjuncts = group.members.flatMap {
+      case j: Join => j.condition.toSeq.flatMap(splitConjunctivePredicates)
+      case f: Filter => splitConjunctivePredicates(f.condition)
+      case _ => Nil
+    }
+    val inputs = group.inputs
+    val sqlConf = session.sessionState.conf
+    for {
+      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output)
+      facts = inputs.map(i => InputFacts(i.stats.sizeInBytes, canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
+      plans <- UMJoinPlan.candidates(graph, facts)
+      plan <- plans.map(withLongKeys).find(keepsExistingBroadcasts(inputs, _))
+        .toRight("an input broadcast earlier in this query needs a key this group cannot probe it with")
+    } yield plan
+  }
+
+  private def isBroadcastStage(plan: LogicalPlan): Boolean = plan match {
+    case LogicalQueryStage(_, _: BroadcastQueryStageExec) => true
+    case _ => false
+  }
+
+  /**
+   * Under AQE, an input that is already a broadcast stage was broadcast with the key of an earlier
+   * plan of this group; the plan must probe it with that same key (as Spark's own
+   * LogicalQueryStageStrategy keeps the join that produced a broadcast stage).
+   */
+  private def keepsExistingBroadcasts(inputs: Seq[LogicalPlan], plan: UMJoinPlan): Boolean =
+    inputs.indices.forall { i =>
+      inputs(i) match {
+        case LogicalQueryStage(_, stage: BroadcastQueryStageExec) =>
+          plan.placements(i) == InputPlacement.Broadcast &&
+            stage.outputPartitioning.satisfies(UMJoinExec.broadcastDistribution(plan.storeKeys(i), stage.output))
+        case _ => true
+      }
+    }
+
+  /** A single integral key is hashed as a long, so Spark's dense long-keyed hash map serves it. */
+  private def withLongKeys(plan: UMJoinPlan): UMJoinPlan = {
+    def widen(keys: Seq[Expression]): Seq[Expression] = keys match {
+      case Seq(k) if Seq(IntegerType, ShortType, ByteType).contains(k.dataType) => Seq(Cast(k, LongType))
+      case other => other
+    }
+    plan.copy(storeKeys = plan.storeKeys.map(widen), probeKeys = plan.probeKeys.map(widen))
+  }
+
+  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan): UMJoinExec = UMJoinExec(
+    output = group.root.output,
+    inputLabels = group.inputs.map(InputLabels.of),
+    probeOrder = plan.probeOrder,
+    storeKeys = plan.storeKeys,
+    probeKeys = plan.probeKeys,
+    conditions = plan.conditions,
+    broadcast = plan.placements.map(_ == InputPlacement.Broadcast),
+    partitionKeys = plan.placements.map {
+      case InputPlacement.HashPartitioned(key) => Some(key)
+      case _ => None
+    },
+    children = group.inputs.map(planLater))
+}

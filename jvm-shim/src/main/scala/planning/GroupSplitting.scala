@@ -1,0 +1,64 @@
+package umjoin.spark.planning
+
+import org.apache.spark.sql.catalyst.trees.TreeNode
+
+import umjoin.spark.tsc.{MemberRole, MultiJoinGroup, TwoStepConvert}
+
+/**
+ * Decides whether the node being planned is the root of a group that runs as one UMJoin. When the
+ * whole group cannot (its inputs cannot be distributed, or are not all connected by keys), the
+ * group is split at one of its joins and tried again: the split-off subtree becomes an input of the
+ * rest and forms its own groups when it is planned in turn.
+ */
+object GroupSplitting {
+
+  /** Either the group rooted at `root` with its accepted plan, or why `root` is not converted. */
+  def groupAt[T <: TreeNode[T], P](
+      root: T,
+      tsc: TwoStepConvert[T],
+      roleOf: T => Option[MemberRole],
+      minInputs: Int,
+      tryPlan: MultiJoinGroup[T] => Either[String, P]): Either[String, (MultiJoinGroup[T], P)] = {
+
+    def rootGroup(splitAt: Seq[T]): Option[MultiJoinGroup[T]] =
+      tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
+
+    def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
+      case None => Left("it is not the root of a join group")
+      case Some(group) if group.inputs.size < minInputs =>
+        Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs=$minInputs")
+      case Some(group) => tryPlan(group) match {
+        case Right(plan) => Right((group, plan))
+        case Left(reason) =>
+          // Try each possible cut once; keep the one leaving the most inputs that plans, else the
+          // one leaving the most inputs, and go on from there.
+          val cuts = splitPoints(group, roleOf)
+          if (cuts.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
+          else {
+            val scored = cuts.map { cut =>
+              val rest = rootGroup(splitAt :+ cut)
+              (cut, rest.exists(g => tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
+            }
+            val best = scored.maxBy { case (_, plans, size) => (plans, size) }
+            attempt(splitAt :+ best._1)
+          }
+      }
+    }
+    attempt(Nil)
+  }
+
+  /**
+   * Where a group can be cut: above each join member except the root, including the pass-through
+   * members right above it (so the cut-off input keeps their projection). Breadth-first order, so
+   * ties keep cuts near the root.
+   */
+  private def splitPoints[T <: TreeNode[T]](group: MultiJoinGroup[T], roleOf: T => Option[MemberRole]): Seq[T] = {
+    val outputOf = group.members.flatMap(m => m.children.filter(c => group.members.exists(_ eq c)).map(c => (c, m)))
+    def output(node: T): Option[T] = outputOf.collectFirst { case (c, m) if c eq node => m }
+    def chainTop(node: T): T = output(node) match {
+      case Some(o) if (o ne group.root) && roleOf(o).contains(MemberRole.PassThrough) => chainTop(o)
+      case _ => node
+    }
+    group.members.filter(m => (m ne group.root) && roleOf(m).contains(MemberRole.Join)).map(chainTop)
+  }
+}

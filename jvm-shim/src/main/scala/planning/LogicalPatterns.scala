@@ -1,0 +1,53 @@
+package umjoin.spark.planning
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.sql.catalyst.expressions.Attribute
+import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
+import org.apache.spark.sql.catalyst.plans.{Cross, Inner, JoinType}
+import org.apache.spark.sql.catalyst.plans.logical.{BROADCAST, Filter, HintInfo, Join, JoinStrategyHint, LogicalPlan, Project, SHUFFLE_HASH, SHUFFLE_MERGE, SHUFFLE_REPLICATE_NL}
+
+import umjoin.spark.tsc.{Check, MemberPatterns, NodeKind, PatternVocabulary}
+
+/** What `rules/batch.yaml` may say about Spark's optimized logical plans. */
+object LogicalPatterns {
+
+  /** Join types UMJoin computes; outer, semi and anti joins stay as Spark plans them. */
+  private val supportedJoinTypes: Map[String, JoinType] = Map("Inner" -> Inner, "Cross" -> Cross)
+
+  /** Strategy hints a user can write; Spark's own adaptive hints (e.g. NO_BROADCAST_HASH) do not count. */
+  private val userStrategyHints: Set[JoinStrategyHint] = Set(BROADCAST, SHUFFLE_MERGE, SHUFFLE_HASH, SHUFFLE_REPLICATE_NL)
+
+  private def hasUserHint(info: Option[HintInfo]): Boolean = info.exists(_.strategy.exists(userStrategyHints.contains))
+
+  val vocabulary: PatternVocabulary[LogicalPlan] = PatternVocabulary(
+    planType = "logical",
+    nodeKinds = Map(
+      "Join" -> NodeKind[LogicalPlan](_.isInstanceOf[Join], isJoin = true),
+      "Project" -> NodeKind[LogicalPlan](_.isInstanceOf[Project], isJoin = false),
+      "Filter" -> NodeKind[LogicalPlan](_.isInstanceOf[Filter], isJoin = false)),
+    checks = Map(
+      "joinType" -> Check[LogicalPlan](Set("Join"), s"takes a list of join types (supported: ${supportedJoinTypes.keys.toSeq.sorted.mkString(", ")})", arg => {
+        val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
+        val unknown = names.filterNot(supportedJoinTypes.contains)
+        if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
+        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a UMJoin member; UMJoin computes inner joins " +
+          "(outer, semi and anti joins stay as Spark plans them and may be inputs of a group)")
+        else {
+          val types = names.map(supportedJoinTypes).toSet
+          Right { case j: Join => types.contains(j.joinType); case _ => false }
+        }
+      }),
+      "equiJoinKey" -> MemberPatterns.flag[LogicalPlan](Set("Join")) {
+        case ExtractEquiJoinKeys(_, leftKeys, _, _, _, _, _, _) => leftKeys.nonEmpty
+        case _ => false
+      },
+      "noUserJoinHint" -> MemberPatterns.flag[LogicalPlan](Set("Join")) {
+        case j: Join => !hasUserHint(j.hint.leftHint) && !hasUserHint(j.hint.rightHint)
+        case _ => false
+      },
+      "attributesOnly" -> MemberPatterns.flag[LogicalPlan](Set("Project")) {
+        case p: Project => p.projectList.forall(_.isInstanceOf[Attribute])
+        case _ => false
+      }))
+}

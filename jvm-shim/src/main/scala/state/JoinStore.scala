@@ -1,0 +1,15 @@
+package umjoin.spark.state
+
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+
+/**
+ * One input's rows, indexed by its join key: what a UMJoin probes. A key is an UnsafeRow of the
+ * store's key types; rows whose key has a NULL were never stored, since NULL never equals anything.
+ */
+trait JoinStore extends AutoCloseable {
+  /** The rows stored under `key` (no NULL in it); empty if none. Rows stay valid until the next `get`. */
+  def get(key: UnsafeRow): Iterator[InternalRow]
+  def isEmpty: Boolean
+  def sizeInBytes: Long
+}

@@ -1,0 +1,49 @@
+"""UMJoin for Spark: multi-way joins that keep state only for their inputs.
+
+Turn it on for a session with :func:`configure`::
+
+    from pyspark.sql import SparkSession
+    import umjoin
+    spark = umjoin.configure(SparkSession.builder.master("local[2]")).getOrCreate()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+__all__ = ["EXTENSION_CLASS", "configure", "jar_path"]
+
+EXTENSION_CLASS = "umjoin.spark.UMJoinExtensions"
+_JAR = Path(__file__).parent / "jars" / "umjoin-spark.jar"
+
+
+def jar_path() -> str:
+    """The UMJoin jar built for the installed pyspark (``make build`` creates it)."""
+    if not _JAR.is_file():
+        raise FileNotFoundError(
+            f"UMJoin jar not found at {_JAR}. Build it with `make build` in the UMJoin repository "
+            "(it compiles the Scala shim with the compiler inside the installed pyspark)."
+        )
+    return str(_JAR)
+
+
+def _append(current: str | None, value: str) -> str:
+    """Adds ``value`` to a comma-separated Spark setting unless it is already there."""
+    items = [item for item in (current or "").split(",") if item]
+    return ",".join(items if value in items else [*items, value])
+
+
+def configure(builder: SparkSession.Builder, **settings: str) -> SparkSession.Builder:
+    """Adds the UMJoin jar and extension to ``builder``, keeping jars and extensions already set.
+
+    ``settings`` are UMJoin settings without the ``spark.umjoin.`` prefix, e.g.
+    ``configure(builder, minInputs="4")``.
+    """
+    options = builder._options  # the settings given to this builder so far
+    builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
+    builder.config("spark.sql.extensions", _append(options.get("spark.sql.extensions"), EXTENSION_CLASS))
+    for key, value in settings.items():
+        builder.config(f"spark.umjoin.{key}", value)
+    return builder

@@ -1,0 +1,116 @@
+"""Spark plans as Python trees, built from the JVM's own JSON (``TreeNode.toJSON``).
+
+Python does not re-derive what the JVM decided: the trees here are what Spark planned, read back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from pyspark.sql import DataFrame
+
+__all__ = ["PlanNode", "UMJoinInput", "UMJoinNode", "logical_plan", "physical_plan", "tsc_groups", "umjoin_nodes"]
+
+
+@dataclass
+class PlanNode:
+    """One plan node: its class name, one-line description, JSON fields, SQL metrics and children."""
+
+    name: str
+    text: str
+    fields: dict[str, Any]
+    metrics: dict[str, int] = field(default_factory=dict)
+    children: list["PlanNode"] = field(default_factory=list)
+    subqueries: list["PlanNode"] = field(default_factory=list)
+
+    def walk(self) -> Iterator["PlanNode"]:
+        """This node and all below it, in pre-order; a node's subquery plans follow the node."""
+        yield self
+        for subquery in self.subqueries:
+            yield from subquery.walk()
+        for child in self.children:
+            yield from child.walk()
+
+
+@dataclass(frozen=True)
+class UMJoinInput:
+    label: str
+    placement: str  # streamed | broadcast | partitioned
+    store_keys: tuple[str, ...]
+    probe_keys: tuple[str, ...]
+    conditions: tuple[str, ...]
+    partition_key: str | None
+
+
+@dataclass(frozen=True)
+class UMJoinNode:
+    """A UMJoin in a physical plan: its inputs and the order the streamed row probes them in."""
+
+    inputs: tuple[UMJoinInput, ...]
+    probe_order: tuple[int, ...]
+    metrics: dict[str, int]
+
+    @property
+    def labels(self) -> list[str]:
+        return [i.label for i in self.inputs]
+
+
+def _tree(description: dict[str, Any]) -> PlanNode:
+    """Rebuilds the tree from the pre-order node list, each node saying how many children it has."""
+    nodes, texts = description["nodes"], description["text"]
+    metrics, subqueries = description["metrics"], description["subqueries"]
+    position = 0
+
+    def build() -> PlanNode:
+        nonlocal position
+        at = position
+        position += 1
+        children = [build() for _ in range(int(nodes[at]["num-children"]))]
+        name = nodes[at]["class"].rsplit(".", 1)[-1]
+        return PlanNode(name, texts[at], nodes[at], metrics[at], children, [_tree(s) for s in subqueries[at]])
+
+    return build()
+
+
+def _inspection(df: DataFrame) -> Any:
+    return df.sparkSession._jvm.umjoin.spark.PlanInspection
+
+
+def physical_plan(df: DataFrame) -> PlanNode:
+    """The executed physical plan; under AQE the current plan (the final one once ``df`` ran)."""
+    inspection = _inspection(df)
+    plan = inspection.unwrapped(df._jdf.queryExecution().executedPlan())
+    return _tree(json.loads(inspection.describe(plan)))
+
+
+def logical_plan(df: DataFrame) -> PlanNode:
+    """Spark's optimized logical plan: what TSC runs on in batch."""
+    return _tree(json.loads(_inspection(df).describe(df._jdf.queryExecution().optimizedPlan())))
+
+
+def tsc_groups(df: DataFrame) -> tuple[list[dict[str, Any]], PlanNode]:
+    """TSC's two steps on the optimized logical plan: the groups found and the converted plan."""
+    result = json.loads(_inspection(df).twoStepConvert(df._jdf.queryExecution().optimizedPlan()))
+    return result["groups"], _tree(result["converted"])
+
+
+def umjoin_nodes(plan: PlanNode) -> list[UMJoinNode]:
+    """The UMJoin nodes of a physical plan, in pre-order."""
+    found = []
+    for node in plan.walk():
+        if node.name == "UMJoinExec":
+            inputs = tuple(
+                UMJoinInput(
+                    label=i["label"],
+                    placement=i["placement"],
+                    store_keys=tuple(i["storeKeys"]),
+                    probe_keys=tuple(i["probeKeys"]),
+                    conditions=tuple(i["conditions"]),
+                    partition_key=i["partitionKey"],
+                )
+                for i in node.fields["inputs"]
+            )
+            found.append(UMJoinNode(inputs, tuple(node.fields["probeOrder"]), node.metrics))
+    return found

@@ -1,0 +1,61 @@
+"""Shared fixtures: one Spark session (local[2]) with UMJoin for the whole run, and TPC-H SF 0.01."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+import umjoin
+from umjoin import tpch
+
+TPCH_SF = 0.01
+
+
+def session_builder() -> SparkSession.Builder:
+    """The test session: local[2], few shuffle partitions, no UI; UMJoin configured."""
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("umjoin-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    return umjoin.configure(builder)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = session_builder().getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def tpch_data(spark: SparkSession) -> Path:
+    directory = tpch.generate(TPCH_SF)
+    tpch.register(spark, directory)
+    return directory
+
+
+@contextmanager
+def sql_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Sets session settings for a block and restores the previous values after it."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

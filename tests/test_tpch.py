@@ -1,0 +1,117 @@
+"""TPC-H at SF 0.01 with UMJoin on: official answers, expected conversions, readable plans, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from conftest import TPCH_SF, sql_conf
+from umjoin import answers, plans, tpch
+
+CONFIGS = {
+    "aqe-on": {"spark.sql.adaptive.enabled": "true"},
+    "aqe-off": {"spark.sql.adaptive.enabled": "false"},
+    # No broadcasts: every input is hash-partitioned, groups split where inputs share no key class.
+    "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", "spark.sql.autoBroadcastJoinThreshold": "-1"},
+    "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"},
+}
+# The queries of the paper's Table 3 whose Spark plan has adjacent joins (Q15's has a single join).
+PAPER_TABLE_3 = (2, 3, 5, 7, 8, 9, 10, 11, 18, 21)
+GOLDEN = Path(__file__).parent / "golden" / "tpch_umjoin_groups.json"
+QUERIES = tpch.QUERY_NUMBERS
+
+
+def umjoin_groups(spark: SparkSession, number: int) -> list[list[str]]:
+    """The input labels of every UMJoin in the query's plan (default settings, AQE off)."""
+    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        df = spark.sql(tpch.query_text(number))
+        return [node.labels for node in plans.umjoin_nodes(plans.physical_plan(df))]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("number", QUERIES)
+def test_official_answer_with_umjoin(spark: SparkSession, tpch_data: Path, number: int, config: str) -> None:
+    columns, expected = tpch.official_answer(number, TPCH_SF)
+    sql = tpch.query_text(number)
+    with sql_conf(spark, {**CONFIGS[config], "spark.umjoin.enabled": "true"}):
+        rows = [tuple(r) for r in spark.sql(sql).collect()]
+    problems = answers.compare(rows, expected, answers.order_by_columns(sql, columns))
+    assert problems == [], f"Q{number} ({config}) differs from the official answer: {problems}"
+
+
+def test_umjoin_groups_match_golden_file(spark: SparkSession, tpch_data: Path) -> None:
+    found = {f"q{n:02d}": umjoin_groups(spark, n) for n in QUERIES}
+    if os.environ.get("UMJOIN_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps(found, indent=1) + "\n")
+    expected = json.loads(GOLDEN.read_text())
+    assert found == expected, "UMJoin groups changed; if intended, regenerate with UMJOIN_UPDATE_GOLDEN=1"
+
+
+def _has_adjacent_inner_joins(plan: plans.PlanNode) -> bool:
+    """Whether Spark's own plan has an inner join right above another (through projections/filters)."""
+
+    def inner(node: plans.PlanNode) -> bool:
+        return node.name == "Join" and node.text.split(",")[0] in ("Join Inner", "Join Cross")
+
+    def joins_below(node: plans.PlanNode) -> bool:
+        return inner(node) or (node.name in ("Project", "Filter") and any(joins_below(c) for c in node.children))
+
+    return any(inner(n) and any(joins_below(c) for c in n.children) for n in plan.walk())
+
+
+@pytest.mark.parametrize("number", QUERIES)
+def test_adjacent_inner_joins_are_converted(spark: SparkSession, tpch_data: Path, number: int) -> None:
+    adjacent = _has_adjacent_inner_joins(plans.logical_plan(spark.sql(tpch.query_text(number))))
+    groups = umjoin_groups(spark, number)
+    if number in PAPER_TABLE_3:
+        assert adjacent, f"Q{number} is in the paper's Table 3 but Spark's plan has no adjacent inner joins"
+    if adjacent:
+        assert groups, f"Q{number} has adjacent inner joins but no UMJoin"
+        assert all(len(g) >= 3 for g in groups)
+    else:
+        assert groups == [], f"Q{number} has no adjacent inner joins, yet UMJoin groups {groups}"
+
+
+def test_explain_shows_inputs_keys_and_probe_order(spark: SparkSession, tpch_data: Path) -> None:
+    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        execution = spark.sql(tpch.query_text(5))._jdf.queryExecution()
+        simple = execution.explainString(_mode(spark, "simple"))
+        formatted = execution.explainString(_mode(spark, "formatted"))
+    line = next(l for l in simple.splitlines() if "UMJoin" in l)
+    for table in ("customer", "orders", "lineitem", "supplier", "nation", "region"):
+        assert table in line
+    assert "(streamed)" in line and "(broadcast)" in line
+    assert "joinKeys=[" in line and "o_orderkey" in line and "l_orderkey" in line
+    assert "probeOrder=[#2 -> " in line
+    assert "Probe order: #2 lineitem -> " in formatted
+    assert "Join keys: " in formatted
+
+
+def _mode(spark: SparkSession, name: str):  # type: ignore[no-untyped-def]
+    return spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString(name)
+
+
+def test_metrics_follow_the_probe_order(spark: SparkSession, tpch_data: Path) -> None:
+    """Each match at one step probes the next store; the last step's matches are the output rows."""
+    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        df = spark.sql(tpch.query_text(5))
+        df.collect()
+        (node,) = plans.umjoin_nodes(plans.physical_plan(df))
+    metric = lambda i, name: node.metrics[f"input #{i} {node.inputs[i].label}: {name}"]  # noqa: E731
+    order = node.probe_order
+    streamed = order[0]
+    assert node.inputs[streamed].label == "lineitem"
+    assert metric(streamed, "rows in") == 60175  # every lineitem row streams through once
+    assert metric(order[1], "probes") == metric(streamed, "rows in")
+    for before, after in zip(order[1:], order[2:]):
+        assert metric(after, "probes") == metric(before, "matches")
+    for step in order[1:]:
+        stops = metric(step, "early stops")
+        assert 0 <= stops <= metric(step, "probes")
+        assert metric(step, "store size") > 0
+    assert node.metrics["number of output rows"] == metric(order[-1], "matches")
+    assert node.metrics["number of output rows"] > 0
