@@ -9,25 +9,15 @@ from typing import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-import umjoin
 from umjoin import tpch
+from umjoin.local import local_builder
 
 TPCH_SF = 0.01
 
 
 def session_builder() -> SparkSession.Builder:
-    """The test session: local[2], few shuffle partitions, no UI; UMJoin configured."""
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("umjoin-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    return umjoin.configure(builder)
+    """The test session: local[2], 4 shuffle partitions, no UI; UMJoin configured."""
+    return local_builder("umjoin-tests")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from pyspark.sql import DataFrame
 
-__all__ = ["PlanNode", "UMJoinInput", "UMJoinNode", "logical_plan", "physical_plan", "tsc_groups", "umjoin_nodes"]
+__all__ = ["PlanNode", "UMJoinInput", "UMJoinNode", "logical_plan", "physical_plan", "render", "tsc_groups", "umjoin_nodes"]
 
 
 @dataclass
@@ -80,20 +80,53 @@ def _inspection(df: DataFrame) -> Any:
 
 def physical_plan(df: DataFrame) -> PlanNode:
     """The executed physical plan; under AQE the current plan (the final one once ``df`` ran)."""
-    inspection = _inspection(df)
-    plan = inspection.unwrapped(df._jdf.queryExecution().executedPlan())
-    return _tree(json.loads(inspection.describe(plan)))
+    return _tree(json.loads(_inspection(df).describe(df._jdf.queryExecution().executedPlan())))
 
 
-def logical_plan(df: DataFrame) -> PlanNode:
-    """Spark's optimized logical plan: what TSC runs on in batch."""
-    return _tree(json.loads(_inspection(df).describe(df._jdf.queryExecution().optimizedPlan())))
+def _logical(df: DataFrame, stage: str) -> Any:
+    execution = df._jdf.queryExecution()
+    stages = {"optimized": execution.optimizedPlan, "analyzed": execution.analyzed}
+    if stage not in stages:
+        raise ValueError(f"stage must be one of {sorted(stages)}, not {stage!r}")
+    return stages[stage]()
 
 
-def tsc_groups(df: DataFrame) -> tuple[list[dict[str, Any]], PlanNode]:
-    """TSC's two steps on the optimized logical plan: the groups found and the converted plan."""
-    result = json.loads(_inspection(df).twoStepConvert(df._jdf.queryExecution().optimizedPlan()))
+def logical_plan(df: DataFrame, stage: str = "optimized") -> PlanNode:
+    """A logical plan: ``optimized`` (what TSC runs on in batch) or ``analyzed`` (as written)."""
+    return _tree(json.loads(_inspection(df).describe(_logical(df, stage))))
+
+
+def tsc_groups(df: DataFrame, stage: str = "optimized") -> tuple[list[dict[str, Any]], PlanNode]:
+    """TSC's two steps on a logical plan: the groups found and the plan with MultiJoin nodes.
+
+    ``stage`` is ``optimized`` (what the batch hook sees) or ``analyzed`` (the plan as written,
+    before Spark reorders joins or pushes filters: for hand-built plans).
+    """
+    result = json.loads(_inspection(df).twoStepConvert(_logical(df, stage)))
     return result["groups"], _tree(result["converted"])
+
+
+def render(plan: PlanNode, width: int = 160) -> str:
+    """The tree as indented text, one node per line (Spark's own wrappers for code generation hidden)."""
+    lines: list[str] = []
+
+    def visit(node: PlanNode, depth: int) -> None:
+        if node.name in _HIDDEN:
+            for child in node.children:
+                visit(child, depth)
+            return
+        line = "  " * depth + node.text
+        lines.append(line if len(line) <= width else line[: width - 3] + "...")
+        for subquery in node.subqueries:
+            visit(subquery, depth + 2)
+        for child in node.children:
+            visit(child, depth + 1)
+
+    visit(plan, 0)
+    return "\n".join(lines)
+
+
+_HIDDEN = {"WholeStageCodegenExec", "InputAdapter"}
 
 
 def umjoin_nodes(plan: PlanNode) -> list[UMJoinNode]:

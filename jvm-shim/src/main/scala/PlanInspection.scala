@@ -6,7 +6,7 @@ import org.json4s.jackson.JsonMethods.{compact, parse, render}
 import org.apache.spark.SparkEnv
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.trees.TreeNode
-import org.apache.spark.sql.execution.{BaseSubqueryExec, ExecSubqueryExpression, SparkPlan}
+import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 
 import umjoin.spark.planning.InputLabels
@@ -16,39 +16,44 @@ import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 object PlanInspection {
 
   /**
-   * The physical plan with AQE's wrappers (adaptive plan, query stages) replaced by the plans
-   * inside, in the plan and in its subqueries.
-   */
-  def unwrapped(plan: SparkPlan): SparkPlan = plan match {
-    case adaptive: AdaptiveSparkPlanExec => unwrapped(adaptive.executedPlan)
-    case stage: QueryStageExec => unwrapped(stage.plan)
-    case other =>
-      other.withNewChildren(other.children.map(unwrapped)).transformExpressions {
-        case subquery: ExecSubqueryExpression => subquery.withNewPlan(unwrapped(subquery.plan).asInstanceOf[BaseSubqueryExec])
-      }
-  }
-
-  /**
-   * `{"nodes": [...], "text": [...], "metrics": [...], "subqueries": [...]}`: the TreeNode JSON of
-   * `plan` (nodes in pre-order, each with its number of children), and for each node in the same
-   * order its one-line description, its SQL metrics (display name -> value; physical plans only)
-   * and the descriptions of the plans of its subqueries.
+   * `{"nodes": [...], "text": [...], "metrics": [...], "subqueries": [...]}`: the plan's nodes in
+   * pre-order as TreeNode JSON (each with its number of children), and for each node in the same
+   * order its one-line description, its SQL metrics (display name -> value; physical plans only) and
+   * the descriptions of its subqueries' plans. AQE's wrappers (adaptive plan, query stages) are seen
+   * through, never copied, so the metrics are those of the nodes that ran.
    */
   def describe[T <: TreeNode[T]](plan: T): String = compact(render(description(plan)))
 
   private def description[T <: TreeNode[T]](plan: T): JValue = {
-    val text = plan.collect { case node => JString(node.simpleString(25)) }
-    val metrics = plan.collect {
-      case p: SparkPlan => JObject(p.metrics.toList.sortBy(_._1).map { case (_, m) => m.name.getOrElse(m.id.toString) -> JLong(m.value) })
-      case _ => JObject()
+    val nodes, text, metrics, subqueries = scala.collection.mutable.ArrayBuffer[JValue]()
+    def visit(node: TreeNode[_]): Unit = {
+      val shown = seeThrough(node)
+      // The node's own entry: the first of its subtree's JSON (its children are described as visited).
+      nodes += (parse(shown.toJSON) match { case JArray(self :: _) => self; case other => other })
+      text += JString(shown.simpleString(25))
+      shown match {
+        case p: SparkPlan =>
+          metrics += JObject(p.metrics.toList.sortBy(_._1).map { case (_, m) => m.name.getOrElse(m.id.toString) -> JLong(m.value) })
+          subqueries += JArray(p.subqueries.map(s => description(s)).toList)
+        case p: LogicalPlan =>
+          metrics += JObject()
+          subqueries += JArray(p.subqueries.map(s => description(s)).toList)
+        case _ =>
+          metrics += JObject()
+          subqueries += JArray(Nil)
+      }
+      shown.children.foreach(child => visit(child.asInstanceOf[TreeNode[_]]))
     }
-    val subqueries = plan.collect {
-      case p: SparkPlan => JArray(p.subqueries.map(s => description(s)).toList)
-      case p: LogicalPlan => JArray(p.subqueries.map(s => description(s)).toList)
-      case _ => JArray(Nil)
-    }
-    JObject("nodes" -> parse(plan.toJSON), "text" -> JArray(text.toList), "metrics" -> JArray(metrics.toList),
+    visit(plan)
+    JObject("nodes" -> JArray(nodes.toList), "text" -> JArray(text.toList), "metrics" -> JArray(metrics.toList),
       "subqueries" -> JArray(subqueries.toList))
+  }
+
+  /** The node that ran in place of an AQE wrapper (the current plan of an adaptive plan, a stage's plan). */
+  private def seeThrough(node: TreeNode[_]): TreeNode[_] = node match {
+    case adaptive: AdaptiveSparkPlanExec => seeThrough(adaptive.executedPlan)
+    case stage: QueryStageExec => seeThrough(stage.plan)
+    case other => other
   }
 
   /**

@@ -30,7 +30,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     plan match {
       // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
       case join: Join if conf.enabled && !join.isStreaming =>
-        GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan) match {
+        GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle) match {
           case Right((group, umjoin)) => Seq(exec(group, umjoin))
           case Left(reason) =>
             logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
@@ -56,6 +56,19 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       plan <- plans.map(withLongKeys).find(keepsExistingBroadcasts(inputs, _))
         .toRight("an input broadcast earlier in this query needs a key this group cannot probe it with")
     } yield plan
+  }
+
+  /**
+   * Probes that need no shuffle happen before it. When the streamed input must be shuffled (the
+   * group is co-partitioned) and Spark's join tree joins it with broadcast inputs only in a subtree,
+   * the group is cut above the largest such subtree: those joins then run before the exchange, as in
+   * Spark's own plan, and only their (usually much smaller) result is shuffled.
+   */
+  private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
+    val shuffled = plan.placements.exists(_.isInstanceOf[InputPlacement.HashPartitioned])
+    def beforeShuffle(cut: Cut[LogicalPlan]): Boolean = cut.inputsBelow.contains(plan.streamed) &&
+      (cut.inputsBelow - plan.streamed).forall(plan.placements(_) == InputPlacement.Broadcast)
+    if (shuffled) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
   }
 
   private def isBroadcastStage(plan: LogicalPlan): Boolean = plan match {

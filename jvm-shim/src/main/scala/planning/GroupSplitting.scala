@@ -5,10 +5,17 @@ import org.apache.spark.sql.catalyst.trees.TreeNode
 import umjoin.spark.tsc.{MemberRole, MultiJoinGroup, TwoStepConvert}
 
 /**
+ * A place where a group can be split: `node` (a member join, or the pass-through members right
+ * above it) leaves the group with the group inputs `inputsBelow` (indices into `group.inputs`).
+ */
+final case class Cut[T](node: T, inputsBelow: Set[Int])
+
+/**
  * Decides whether the node being planned is the root of a group that runs as one UMJoin. When the
  * whole group cannot (its inputs cannot be distributed, or are not all connected by keys), the
  * group is split at one of its joins and tried again: the split-off subtree becomes an input of the
- * rest and forms its own groups when it is planned in turn.
+ * rest and forms its own groups when it is planned in turn. A plan that works may still ask for a
+ * cut (`preferredCut`), e.g. to run some joins before a shuffle.
  */
 object GroupSplitting {
 
@@ -18,7 +25,8 @@ object GroupSplitting {
       tsc: TwoStepConvert[T],
       roleOf: T => Option[MemberRole],
       minInputs: Int,
-      tryPlan: MultiJoinGroup[T] => Either[String, P]): Either[String, (MultiJoinGroup[T], P)] = {
+      tryPlan: MultiJoinGroup[T] => Either[String, P],
+      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]]): Either[String, (MultiJoinGroup[T], P)] = {
 
     def rootGroup(splitAt: Seq[T]): Option[MultiJoinGroup[T]] =
       tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
@@ -28,19 +36,22 @@ object GroupSplitting {
       case Some(group) if group.inputs.size < minInputs =>
         Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs=$minInputs")
       case Some(group) => tryPlan(group) match {
-        case Right(plan) => Right((group, plan))
+        case Right(plan) => preferredCut(group, plan, cuts(group, roleOf)) match {
+          case Some(cut) => attempt(splitAt :+ cut.node)
+          case None => Right((group, plan))
+        }
         case Left(reason) =>
           // Try each possible cut once; keep the one leaving the most inputs that plans, else the
           // one leaving the most inputs, and go on from there.
-          val cuts = splitPoints(group, roleOf)
-          if (cuts.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
+          val possible = cuts(group, roleOf)
+          if (possible.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
           else {
-            val scored = cuts.map { cut =>
-              val rest = rootGroup(splitAt :+ cut)
+            val scored = possible.map { cut =>
+              val rest = rootGroup(splitAt :+ cut.node)
               (cut, rest.exists(g => tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
             }
             val best = scored.maxBy { case (_, plans, size) => (plans, size) }
-            attempt(splitAt :+ best._1)
+            attempt(splitAt :+ best._1.node)
           }
       }
     }
@@ -52,13 +63,18 @@ object GroupSplitting {
    * members right above it (so the cut-off input keeps their projection). Breadth-first order, so
    * ties keep cuts near the root.
    */
-  private def splitPoints[T <: TreeNode[T]](group: MultiJoinGroup[T], roleOf: T => Option[MemberRole]): Seq[T] = {
-    val outputOf = group.members.flatMap(m => m.children.filter(c => group.members.exists(_ eq c)).map(c => (c, m)))
+  private def cuts[T <: TreeNode[T]](group: MultiJoinGroup[T], roleOf: T => Option[MemberRole]): Seq[Cut[T]] = {
+    def isMember(node: T): Boolean = group.members.exists(_ eq node)
+    val outputOf = group.members.flatMap(m => m.children.filter(isMember).map(c => (c, m)))
     def output(node: T): Option[T] = outputOf.collectFirst { case (c, m) if c eq node => m }
     def chainTop(node: T): T = output(node) match {
       case Some(o) if (o ne group.root) && roleOf(o).contains(MemberRole.PassThrough) => chainTop(o)
       case _ => node
     }
-    group.members.filter(m => (m ne group.root) && roleOf(m).contains(MemberRole.Join)).map(chainTop)
+    def inputsBelow(node: T): Set[Int] = node.children.flatMap { child =>
+      if (isMember(child)) inputsBelow(child) else Seq(group.inputs.indexWhere(_ eq child))
+    }.toSet
+    group.members.filter(m => (m ne group.root) && roleOf(m).contains(MemberRole.Join))
+      .map(join => Cut(chainTop(join), inputsBelow(join)))
   }
 }

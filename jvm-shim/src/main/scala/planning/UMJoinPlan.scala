@@ -1,6 +1,7 @@
 package umjoin.spark.planning
 
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
+import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.order.ProbeOrder
 
@@ -60,12 +61,17 @@ object UMJoinPlan {
     if (partitioned.size == 1) {
       Some((0 until n).map(i => if (i == partitioned.head) InputPlacement.AsIs else InputPlacement.Broadcast))
     } else {
-      graph.classes.find(c => partitioned.forall(c.inputs.contains)).map { keyClass =>
+      // Of the classes every partitioned input takes part in, the one most inputs join on (a star's
+      // centre), integral keys first: they spread rows better than, say, a price.
+      val covering = graph.classes.filter(c => partitioned.forall(c.inputs.contains))
+      covering.sortBy(c => (-c.inputs.size, !isIntegral(c.members.head._2.dataType))).headOption.map { keyClass =>
         (0 until n).map { i =>
           if (partitioned.contains(i)) InputPlacement.HashPartitioned(keyClass.keyOf(i).get) else InputPlacement.Broadcast
         }
       }
     }
+
+  private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
 
   private def plan(graph: JoinGraph, streamed: Int, placements: Seq[InputPlacement]): UMJoinPlan = {
     val order = ProbeOrder.fixed(graph, streamed)

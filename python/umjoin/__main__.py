@@ -1,0 +1,5 @@
+import sys
+
+from umjoin.cli import main
+
+sys.exit(main())
