@@ -19,7 +19,7 @@ done
 classes=$(mktemp -d)
 trap 'rm -rf "$classes"' EXIT
 find "$root/jvm-shim/src/main/scala" -name '*.scala' > "$classes/sources.txt"
-java -cp "$compiler_cp" scala.tools.nsc.Main -deprecation -feature -Werror \
+java -cp "$compiler_cp" scala.tools.nsc.Main -deprecation -feature -Wunused:imports -Werror \
   -classpath "$spark_jars/*" -d "$classes" @"$classes/sources.txt"
 # The member patterns travel inside the jar: the built-in rules are the ones the jar was built with.
 mkdir -p "$classes/umjoin/rules"

@@ -2,7 +2,6 @@ package umjoin.spark.exec
 
 import org.json4s.JsonAST._
 
-import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BasePredicate, BindReferences, Expression, Predicate, UnsafeProjection}

@@ -59,16 +59,16 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * Probes that need no shuffle happen before it. When the streamed input must be shuffled (the
-   * group is co-partitioned) and Spark's join tree joins it with broadcast inputs only in a subtree,
-   * the group is cut above the largest such subtree: those joins then run before the exchange, as in
-   * Spark's own plan, and only their (usually much smaller) result is shuffled.
+   * Probes that need no shuffle happen before it. When the group is co-partitioned and Spark's join
+   * tree joins one shuffled input with broadcast inputs only in a subtree, the group is cut above
+   * the largest such subtree: those joins then run before the exchange, as in Spark's own plan, and
+   * only their (often much smaller) result is shuffled.
    */
   private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
-    val shuffled = plan.placements.exists(_.isInstanceOf[InputPlacement.HashPartitioned])
-    def beforeShuffle(cut: Cut[LogicalPlan]): Boolean = cut.inputsBelow.contains(plan.streamed) &&
-      (cut.inputsBelow - plan.streamed).forall(plan.placements(_) == InputPlacement.Broadcast)
-    if (shuffled) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
+    def shuffled(i: Int): Boolean = plan.placements(i).isInstanceOf[InputPlacement.HashPartitioned]
+    def beforeShuffle(cut: Cut[LogicalPlan]): Boolean =
+      cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || plan.placements(i) == InputPlacement.Broadcast)
+    if (group.inputs.indices.exists(shuffled)) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
   }
 
   private def isBroadcastStage(plan: LogicalPlan): Boolean = plan match {
