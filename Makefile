@@ -1,4 +1,4 @@
-# UMJoin for Spark. `make test` and `make demo` do all set-up themselves (venv, install, build, data).
+# UMJoin for Spark. `make report` and `make test` do all set-up themselves (venv, install, build, data).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,10 +6,12 @@ INSTALLED := $(VENV)/.installed
 JAR := python/umjoin/jars/umjoin-spark.jar
 SCALA_SOURCES := $(shell find jvm-shim/src/main/scala -name '*.scala')
 RULES := $(wildcard rules/*.yaml)
+REPORT_SF ?= 0.1
 BENCH_SF ?= 1
 BENCH_REPS ?= 3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build test demo bench clean
+.PHONY: venv build browser test report demo bench clean
 
 venv: $(INSTALLED)
 
@@ -25,8 +27,16 @@ build: $(JAR)
 $(JAR): $(INSTALLED) $(SCALA_SOURCES) $(RULES) jvm-shim/build.sh
 	jvm-shim/build.sh $(PY) $@
 
-test: build
+test: build browser
 	$(PY) -m pytest -q
+
+# The report test renders the HTML report in Debian's Chromium; installed here when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { echo "Installing Debian's chromium for the HTML report test"; \
+	  $(SUDO) apt-get install -y chromium >/dev/null || { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y chromium >/dev/null; }; }
+
+report: build
+	$(VENV)/bin/umjoin tpch-report --sf $(REPORT_SF) --out reports/tpch
 
 demo: build
 	$(VENV)/bin/umjoin demo

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -34,18 +33,3 @@ def tpch_data(spark: SparkSession) -> Path:
     tpch.register(spark, directory)
     return directory
 
-
-@contextmanager
-def sql_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Sets session settings for a block and restores the previous values after it."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)

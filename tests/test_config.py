@@ -11,14 +11,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 import umjoin
-from conftest import sql_conf
+from umjoin.local import temporary_conf
 from umjoin import plans, tpch
 
 REPO_RULES = Path(__file__).resolve().parents[1] / "rules"
 
 
 def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
-    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         return plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(5))))
 
 
@@ -31,7 +31,7 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
     ],
 )
 def test_invalid_setting_fails_the_query_naming_it(spark: SparkSession, tpch_data: Path, key: str, value: str, expected: str) -> None:
-    with sql_conf(spark, {key: value}):
+    with temporary_conf(spark, {key: value}):
         with pytest.raises(Exception) as failure:
             spark.sql(tpch.query_text(5)).collect()
     message = str(failure.value)
@@ -40,15 +40,15 @@ def test_invalid_setting_fails_the_query_naming_it(spark: SparkSession, tpch_dat
 
 def test_enabled_switches_umjoin_per_session(spark: SparkSession, tpch_data: Path) -> None:
     assert len(q5_umjoins(spark)) == 1
-    with sql_conf(spark, {"spark.umjoin.enabled": "false"}):
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         assert q5_umjoins(spark) == []
 
 
 def test_min_inputs_is_the_smallest_group_converted(spark: SparkSession, tpch_data: Path) -> None:
-    with sql_conf(spark, {"spark.umjoin.minInputs": "6"}):
+    with temporary_conf(spark, {"spark.umjoin.minInputs": "6"}):
         (node,) = q5_umjoins(spark)
         assert len(node.inputs) == 6
-    with sql_conf(spark, {"spark.umjoin.minInputs": "7"}):
+    with temporary_conf(spark, {"spark.umjoin.minInputs": "7"}):
         assert q5_umjoins(spark) == []
 
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
-from conftest import sql_conf
+from umjoin.local import temporary_conf
 from umjoin import plans
 
 SEEDS = range(32)
@@ -145,10 +145,10 @@ def test_same_multiset_with_umjoin_on_and_off(spark: SparkSession, tmp_path: Pat
     for t in range(len(case.tables)):
         spark.read.parquet(str(tmp_path / f"t{t}.parquet")).createOrReplaceTempView(f"t{t}")
 
-    with sql_conf(spark, {"spark.umjoin.enabled": "false"}):
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = canonical(spark.sql(case.sql).collect())
     for name, settings in CONFIGS.items():
-        with sql_conf(spark, {**settings, "spark.umjoin.enabled": "true"}):
+        with temporary_conf(spark, {**settings, "spark.umjoin.enabled": "true"}):
             df = spark.sql(case.sql)
             actual = canonical(df.collect())
             nodes = plans.umjoin_nodes(plans.physical_plan(df))

@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 from pyspark.sql import SparkSession
 
-from conftest import sql_conf
+from umjoin.local import temporary_conf
 
 
 def test_stream_stream_joins_keep_spark_operators_and_answers(spark: SparkSession, tmp_path: Path) -> None:
@@ -36,6 +36,6 @@ def test_stream_stream_joins_keep_spark_operators_and_answers(spark: SparkSessio
     assert "StreamingSymmetricHashJoin" in plan and "UMJoin" not in plan
     batch = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
     bx, by, bz = batch["x"], batch["y"], batch["z"]
-    with sql_conf(spark, {"spark.umjoin.enabled": "false"}):
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = sorted(tuple(r) for r in bx.join(by, bx["x_k"] == by["y_k"]).join(bz, by["y_k"] == bz["z_k"]).collect())
     assert streamed == expected and len(expected) == 30 * 6 * 6

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from conftest import TPCH_SF, sql_conf
+from conftest import TPCH_SF
+from umjoin.local import temporary_conf
 from umjoin import answers, plans, tpch
 
 CONFIGS = {
@@ -27,7 +28,7 @@ QUERIES = tpch.QUERY_NUMBERS
 
 def umjoin_groups(spark: SparkSession, number: int) -> list[list[str]]:
     """The input labels of every UMJoin in the query's plan (default settings, AQE off)."""
-    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         df = spark.sql(tpch.query_text(number))
         return [node.labels for node in plans.umjoin_nodes(plans.physical_plan(df))]
 
@@ -37,7 +38,7 @@ def umjoin_groups(spark: SparkSession, number: int) -> list[list[str]]:
 def test_official_answer_with_umjoin(spark: SparkSession, tpch_data: Path, number: int, config: str) -> None:
     columns, expected = tpch.official_answer(number, TPCH_SF)
     sql = tpch.query_text(number)
-    with sql_conf(spark, {**CONFIGS[config], "spark.umjoin.enabled": "true"}):
+    with temporary_conf(spark, {**CONFIGS[config], "spark.umjoin.enabled": "true"}):
         rows = [tuple(r) for r in spark.sql(sql).collect()]
     problems = answers.compare(rows, expected, answers.order_by_columns(sql, columns))
     assert problems == [], f"Q{number} ({config}) differs from the official answer: {problems}"
@@ -77,7 +78,7 @@ def test_adjacent_inner_joins_are_converted(spark: SparkSession, tpch_data: Path
 
 
 def test_explain_shows_inputs_keys_and_probe_order(spark: SparkSession, tpch_data: Path) -> None:
-    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         execution = spark.sql(tpch.query_text(5))._jdf.queryExecution()
         simple = execution.explainString(_mode(spark, "simple"))
         formatted = execution.explainString(_mode(spark, "formatted"))
@@ -97,7 +98,7 @@ def _mode(spark: SparkSession, name: str):  # type: ignore[no-untyped-def]
 
 def test_metrics_follow_the_probe_order(spark: SparkSession, tpch_data: Path) -> None:
     """Each match at one step probes the next store; the last step's matches are the output rows."""
-    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         df = spark.sql(tpch.query_text(5))
         df.collect()
         (node,) = plans.umjoin_nodes(plans.physical_plan(df))

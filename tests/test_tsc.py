@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from conftest import sql_conf
+from umjoin.local import temporary_conf
 from umjoin import plans
 
 TABLES = "abcdef"
@@ -112,10 +112,10 @@ def test_binary_join_is_a_group_but_not_converted_below_min_inputs(spark: SparkS
     """TSC groups any join (Algorithm 2); the planner converts groups of spark.umjoin.minInputs or more."""
     a, b = tables["a"], tables["b"]
     assert groups_of(join(a, b, "a", "b")) == [["a", "b"]]
-    with sql_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         # A new DataFrame for each setting: Spark keeps a DataFrame's physical plan once made.
         assert plans.umjoin_nodes(plans.physical_plan(join(a, b, "a", "b"))) == []
-        with sql_conf(spark, {"spark.umjoin.minInputs": "2"}):
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "2"}):
             (node,) = plans.umjoin_nodes(plans.physical_plan(join(a, b, "a", "b")))
             assert node.labels == ["a", "b"]
 
@@ -147,7 +147,7 @@ def test_nondeterministic_filter_splits_the_group(spark: SparkSession, tables: d
         "spark.umjoin.minInputs": "2",
         "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ReorderJoin",
     }
-    with sql_conf(spark, settings):
+    with temporary_conf(spark, settings):
         plan = plans.physical_plan(query())
     assert [node.labels for node in plans.umjoin_nodes(plan)] == [["a+b", "c"], ["a", "b"]]
     assert any(n.name == "FilterExec" and "rand(" in n.text for n in plan.walk())

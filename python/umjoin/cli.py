@@ -1,18 +1,23 @@
-"""The `umjoin` command."""
+"""The `umjoin` command: demo, plan-diff, tpch-report, bench."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from umjoin import tpch
+from umjoin.errors import UserError
 
 __all__ = ["main"]
 
 
 def _query_numbers(text: str) -> list[int]:
-    numbers = [int(n) for n in text.split(",")] if text != "all" else list(tpch.QUERY_NUMBERS)
+    try:
+        numbers = list(tpch.QUERY_NUMBERS) if text == "all" else [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or numbers like 3,5,9, got {text!r}") from None
     bad = [n for n in numbers if n not in tpch.QUERY_NUMBERS]
     if bad:
         raise argparse.ArgumentTypeError(f"TPC-H has queries 1-22, not {bad}")
@@ -20,17 +25,38 @@ def _query_numbers(text: str) -> list[int]:
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="umjoin", description="UMJoin for Spark: multi-way joins on Spark.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="run one TPC-H query with UMJoin off and on; print plans and answers")
+    report = commands.add_parser("tpch-report", help="TPC-H conversion report: groups expected and found, answers, times")
+    report.add_argument("--sf", type=_positive, default=0.1, help="TPC-H scale factor (default 0.1)")
+    report.add_argument("--out", type=Path, default=Path("reports/tpch"), help="output directory (default reports/tpch)")
+    report.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
+    report.add_argument("--repetitions", type=int, default=3, help="timed runs per query and setting (default 3)")
+
+    diff = commands.add_parser("plan-diff", help="a query's plans with UMJoin off and on, converted groups highlighted")
+    diff.add_argument("query", nargs="?", help="SQL text or a .sql file")
+    diff.add_argument("--tpch", type=int, metavar="N", choices=tpch.QUERY_NUMBERS, help="TPC-H query N instead of QUERY")
+    diff.add_argument("--data", type=Path, metavar="DIR", help="directory of Parquet tables, each a view named by its file")
+    diff.add_argument("--tpch-sf", type=_positive, metavar="X", help="TPC-H data at scale factor X (generated once)")
+    diff.add_argument("--dialect", metavar="NAME", help="the query's SQL dialect (sqlglot name, e.g. postgres); transpiled to Spark SQL")
+    diff.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
+    diff.add_argument("--layout", choices=("side-by-side", "unified"), default="side-by-side", help="text layout")
+    diff.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour (auto: on a terminal)")
+    diff.add_argument("--no-execute", action="store_true", help="show the plans before execution (AQE may change them)")
+    diff.add_argument("--out", type=Path, help="write to this file instead of standard output")
+
+    demo = commands.add_parser("demo", help="one TPC-H query with UMJoin off and on: plans and answers")
     demo.add_argument("--query", type=int, default=5, choices=tpch.QUERY_NUMBERS, help="TPC-H query (default 5)")
     demo.add_argument("--sf", type=_positive, default=0.01, help="TPC-H scale factor (default 0.01)")
 
@@ -40,24 +66,63 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
     bench.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
+    return parser
 
-    args = parser.parse_args(argv)
-    from umjoin.local import local_builder  # Spark starts only once the arguments are valid
 
+def _run(args: argparse.Namespace) -> int:
+    # Spark starts only once the arguments are known to be valid.
+    from umjoin.local import local_builder
+
+    if args.command == "plan-diff":
+        from umjoin.plandiff import load_query, register_data, run_plan_diff
+
+        sql = load_query(args.query, args.tpch, args.dialect)
+        spark = local_builder("umjoin-plan-diff").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        tpch_sf = args.tpch_sf if args.tpch_sf is not None or args.data is not None or args.tpch is None else 0.01
+        register_data(spark, args.data, tpch_sf)
+        color = args.color == "always" or (args.color == "auto" and args.out is None and sys.stdout.isatty())
+        output = run_plan_diff(spark, sql, args.format, args.layout, color, execute=not args.no_execute)
+        if args.out is None:
+            print(output)
+        else:
+            args.out.write_text(output + "\n")
+        return 0
+    if args.command == "tpch-report":
+        from umjoin.report import run_report
+
+        spark = local_builder("umjoin-tpch-report").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        report = run_report(spark, args.sf, args.out, args.queries, args.repetitions)
+        s = report["summary"]
+        print(f"Report written to {args.out}/index.html, report.md, report.json: {s['queries_converted']}/{s['queries']} queries "
+              f"converted, {s['matched_groups']}/{s['expected_groups']} expected groups matched, answers on = off "
+              f"{s['answers_on_equal_off']}/{s['queries']}, official {s['answers_match_official']}/{s['queries']}.")
+        return 0 if s["answers_on_equal_off"] == s["queries"] and "differs" not in {q["answers"]["official"] for q in report["queries"]} else 1
     if args.command == "demo":
         from umjoin.demo import run_demo
 
         spark = local_builder("umjoin-demo").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return 0 if run_demo(spark, args.query, args.sf) else 1
-    if args.command == "bench":
-        from umjoin.bench import run_bench
+    from umjoin.bench import run_bench
 
-        spark = local_builder("umjoin-bench", shuffle_partitions=8, driver_memory=args.driver_memory).getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        run_bench(spark, args.sf, args.repetitions, args.out, args.queries)
-        return 0
-    return 2
+    spark = local_builder("umjoin-bench", shuffle_partitions=8, driver_memory=args.driver_memory).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    run_bench(spark, args.sf, args.repetitions, args.out, args.queries)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # PySpark logs every SQL error with its JVM stack trace; the CLI reports such errors in one line.
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        logging.getLogger(name).disabled = True
+    try:
+        return _run(args)
+    except (UserError, FileNotFoundError) as e:
+        print(f"umjoin {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from pyspark.sql import SparkSession
 
 from umjoin import configure
 
-__all__ = ["local_builder"]
+__all__ = ["local_builder", "temporary_conf"]
 
 
 def local_builder(
@@ -27,3 +30,19 @@ def local_builder(
         .config("spark.sql.session.timeZone", "UTC")
     )
     return configure(builder)
+
+
+@contextmanager
+def temporary_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Sets session settings for a block and restores the previous values after it."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -6,12 +6,35 @@ Python does not re-derive what the JVM decided: the trees here are what Spark pl
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["PlanNode", "UMJoinInput", "UMJoinNode", "logical_plan", "physical_plan", "render", "tsc_groups", "umjoin_nodes"]
+from umjoin.local import temporary_conf
+
+__all__ = [
+    "BINARY_JOINS",
+    "PlanComparison",
+    "PlanNode",
+    "Plans",
+    "UMJoinInput",
+    "UMJoinNode",
+    "binary_joins",
+    "compare",
+    "logical_plan",
+    "physical_plan",
+    "render",
+    "render_lines",
+    "tsc_groups",
+    "umjoin_nodes",
+]
+
+#: Spark's physical binary join operators.
+BINARY_JOINS = frozenset(
+    {"BroadcastHashJoinExec", "SortMergeJoinExec", "ShuffledHashJoinExec", "BroadcastNestedLoopJoinExec", "CartesianProductExec"}
+)
 
 
 @dataclass
@@ -106,24 +129,28 @@ def tsc_groups(df: DataFrame, stage: str = "optimized") -> tuple[list[dict[str, 
     return result["groups"], _tree(result["converted"])
 
 
-def render(plan: PlanNode, width: int = 160) -> str:
-    """The tree as indented text, one node per line (Spark's own wrappers for code generation hidden)."""
-    lines: list[str] = []
+def render_lines(plan: PlanNode) -> list[tuple[PlanNode, str]]:
+    """The tree as indented lines, each with its node (Spark's code-generation wrappers hidden)."""
+    lines: list[tuple[PlanNode, str]] = []
 
     def visit(node: PlanNode, depth: int) -> None:
         if node.name in _HIDDEN:
             for child in node.children:
                 visit(child, depth)
             return
-        line = "  " * depth + node.text
-        lines.append(line if len(line) <= width else line[: width - 3] + "...")
+        lines.append((node, "  " * depth + node.text))
         for subquery in node.subqueries:
             visit(subquery, depth + 2)
         for child in node.children:
             visit(child, depth + 1)
 
     visit(plan, 0)
-    return "\n".join(lines)
+    return lines
+
+
+def render(plan: PlanNode, width: int = 160) -> str:
+    """The tree as indented text, one node per line, each cut to ``width`` characters."""
+    return "\n".join(line if len(line) <= width else line[: width - 3] + "..." for _, line in render_lines(plan))
 
 
 _HIDDEN = {"WholeStageCodegenExec", "InputAdapter"}
@@ -147,3 +174,77 @@ def umjoin_nodes(plan: PlanNode) -> list[UMJoinNode]:
             )
             found.append(UMJoinNode(inputs, tuple(node.fields["probeOrder"]), node.metrics))
     return found
+
+
+def binary_joins(plan: PlanNode) -> list[PlanNode]:
+    """Spark's binary join nodes in a physical plan, subqueries included."""
+    return [node for node in plan.walk() if node.name in BINARY_JOINS]
+
+
+def _comparable(text: str) -> str:
+    """A node's text without what differs between two plannings of one query (ids of plans and stages)."""
+    return re.sub(r"\[plan_id=\d+\]|^\*\(\d+\) ", "", text)
+
+
+@dataclass(frozen=True)
+class Plans:
+    """A query's optimized logical plan and its physical plan in one setting."""
+
+    logical: PlanNode
+    physical: PlanNode
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    """One query planned with UMJoin off and on; ``executed`` if the physical plans are AQE's final ones."""
+
+    off: Plans
+    on: Plans
+    executed: bool
+
+    @property
+    def umjoins(self) -> list[UMJoinNode]:
+        return umjoin_nodes(self.on.physical)
+
+    @property
+    def replaced_joins(self) -> list[PlanNode]:
+        """The binary joins of Spark's plan that are gone with UMJoin on."""
+        remaining = [_comparable(j.text) for j in binary_joins(self.on.physical)]
+        replaced = []
+        for join in binary_joins(self.off.physical):
+            text = _comparable(join.text)
+            if text in remaining:
+                remaining.remove(text)
+            else:
+                replaced.append(join)
+        return replaced
+
+    @property
+    def join_counts(self) -> dict[str, int]:
+        """Binary joins in Spark's plan, and binary joins plus UMJoins with UMJoin on."""
+        return {
+            "binary_joins_off": len(binary_joins(self.off.physical)),
+            "binary_joins_on": len(binary_joins(self.on.physical)),
+            "umjoins_on": len(self.umjoins),
+        }
+
+
+def compare(spark: SparkSession, query: str | DataFrame, execute: bool = True) -> PlanComparison:
+    """Plans ``query`` with UMJoin off and on, from one analyzed plan (so attribute ids agree).
+
+    With ``execute`` the query runs (its rows are counted, not collected), so under AQE the
+    physical plans are the final ones.
+    """
+    analyzed = (spark.sql(query) if isinstance(query, str) else query)._jdf.queryExecution().analyzed()
+    planned = {}
+    for enabled in ("false", "true"):
+        with temporary_conf(spark, {"spark.umjoin.enabled": enabled}):
+            execution = spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, analyzed).queryExecution()
+            if execute:
+                execution.toRdd().count()
+            inspection = spark._jvm.umjoin.spark.PlanInspection
+            planned[enabled] = Plans(
+                _tree(json.loads(inspection.describe(execution.optimizedPlan()))),
+                _tree(json.loads(inspection.describe(execution.executedPlan()))),
+            )
+    return PlanComparison(planned["false"], planned["true"], execute)
