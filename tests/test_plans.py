@@ -1,0 +1,40 @@
+"""umjoin.plans: Spark's plans as Python trees, compared with UMJoin off and on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from umjoin import plans, tpch
+
+
+def test_compare_q5(spark: SparkSession, tpch_data: Path) -> None:
+    comparison = plans.compare(spark, tpch.query_text(5), execute=True)
+    # The hook is a planner strategy: both settings share Spark's optimized logical plan.
+    assert [n.text for n in comparison.off.logical.walk()] == [n.text for n in comparison.on.logical.walk()]
+    assert comparison.join_counts == {"binary_joins_off": 5, "binary_joins_on": 0, "umjoins_on": 1}
+    assert [j.name for j in comparison.replaced_joins] == ["BroadcastHashJoinExec"] * 5
+    (node,) = comparison.umjoins
+    assert node.labels == ["customer", "orders", "lineitem", "supplier", "nation", "region"]
+    assert node.inputs[node.probe_order[0]].placement == "streamed"
+    assert all(node.inputs[i].store_keys and len(node.inputs[i].store_keys) == len(node.inputs[i].probe_keys) for i in node.probe_order[1:])
+    assert node.metrics["number of output rows"] > 0  # executed: AQE's final plan, with its metrics
+
+
+def test_compare_without_execution_keeps_metrics_at_zero(spark: SparkSession, tpch_data: Path) -> None:
+    comparison = plans.compare(spark, tpch.query_text(3), execute=False)
+    (node,) = comparison.umjoins
+    assert not comparison.executed and node.metrics["number of output rows"] == 0
+
+
+def test_subquery_plans_are_walked(spark: SparkSession, tpch_data: Path) -> None:
+    """Q11's HAVING subquery joins three tables of its own; its UMJoin is found too."""
+    comparison = plans.compare(spark, tpch.query_text(11), execute=True)
+    assert [n.labels for n in comparison.umjoins] == [["partsupp", "supplier", "nation"]] * 2
+
+
+def test_render_hides_codegen_wrappers(spark: SparkSession, tpch_data: Path) -> None:
+    df = spark.sql(tpch.query_text(5))
+    text = plans.render(plans.physical_plan(df))
+    assert "UMJoin inputs=[" in text and "WholeStageCodegen" not in text and "InputAdapter" not in text
