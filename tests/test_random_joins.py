@@ -22,11 +22,16 @@ from umjoin import plans
 SEEDS = range(32)
 MAX_RESULT_ROWS = 20_000
 KEY_TYPES = {"int": "INTEGER", "bigint": "BIGINT", "string": "VARCHAR", "decimal": "DECIMAL(10,2)", "double": "DOUBLE"}
+NO_BROADCAST = {"spark.sql.autoBroadcastJoinThreshold": "-1"}  # stores built by the tasks, with the backend
 CONFIGS = {
     "aqe-off": {"spark.sql.adaptive.enabled": "false"},
     "aqe-on": {"spark.sql.adaptive.enabled": "true"},
-    "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"},
-    "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", "spark.sql.autoBroadcastJoinThreshold": "-1"},
+    "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "memory"},
+    "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST},
+    "rocksdb": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "rocksdb"},
+    # auto, with stores forced out of memory after 4 KB.
+    "auto-spilling": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST, "spark.umjoin.stateBackend": "auto",
+                      "spark.umjoin.auto.maxStoreMemory": "4k"},
 }
 
 

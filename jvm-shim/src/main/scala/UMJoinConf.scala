@@ -1,23 +1,59 @@
 package umjoin.spark
 
+import java.io.File
+
+import org.apache.spark.network.util.JavaUtils
 import org.apache.spark.sql.internal.SQLConf
+
+import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
 
 /**
  * The session settings under `spark.umjoin.*`, parsed and checked. They are read at every
  * planning, so `spark.conf.set` takes effect at the next query; an invalid value fails that query
  * with a message naming the key, the value and what is accepted.
  */
-final case class UMJoinConf(enabled: Boolean, minInputs: Int)
+final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings)
 
 object UMJoinConf {
   val Enabled = "spark.umjoin.enabled"
   val MinInputs = "spark.umjoin.minInputs"
+  val StateBackendKey = "spark.umjoin.stateBackend"
+  val WriteBufferSize = "spark.umjoin.rocksdb.writeBufferSize"
+  val BlockCacheSize = "spark.umjoin.rocksdb.blockCacheSize"
+  val BloomFilterBitsPerKey = "spark.umjoin.rocksdb.bloomFilterBitsPerKey"
+  val LocalDir = "spark.umjoin.rocksdb.localDir"
+  val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
   /** Static (read when the session starts): a directory of member-pattern files replacing the built-in rules. */
   val RulesDir = "spark.umjoin.rulesDir"
 
-  def from(conf: SQLConf): UMJoinConf = UMJoinConf(
-    enabled = parseBoolean(Enabled, conf.getConfString(Enabled, "true")),
-    minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2))
+  def from(conf: SQLConf): UMJoinConf = {
+    val backend = conf.getConfString(StateBackendKey, "auto").trim.toLowerCase(java.util.Locale.ROOT)
+    val stores = StoreSettings(
+      StateBackend.byName.getOrElse(backend,
+        throw invalid(StateBackendKey, backend, StateBackend.byName.keys.toSeq.sorted.mkString(" or "))),
+      RocksDBSettings(
+        writeBufferSize = parseSize(WriteBufferSize, conf.getConfString(WriteBufferSize, "8m"), min = 64L * 1024),
+        blockCacheSize = parseSize(BlockCacheSize, conf.getConfString(BlockCacheSize, "8m"), min = 0),
+        bloomFilterBitsPerKey = parseInt(BloomFilterBitsPerKey, conf.getConfString(BloomFilterBitsPerKey, "10"), min = 0),
+        localDir = Option(conf.getConfString(LocalDir, null)).map(checkedDirectory)),
+      maxStoreMemory = Option(conf.getConfString(MaxStoreMemory, null)).map(parseSize(MaxStoreMemory, _, min = 0)))
+    UMJoinConf(
+      enabled = parseBoolean(Enabled, conf.getConfString(Enabled, "true")),
+      minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2),
+      stores = stores)
+  }
+
+  private def parseSize(key: String, value: String, min: Long): Long = {
+    val bytes = try Some(JavaUtils.byteStringAsBytes(value.trim)) catch { case _: NumberFormatException => None }
+    bytes.filter(_ >= min).getOrElse(throw invalid(key, value, s"a size such as 64k, 8m or 1g, at least $min bytes"))
+  }
+
+  private def checkedDirectory(path: String): String = {
+    val dir = new File(path)
+    if (!dir.isDirectory) dir.mkdirs()
+    if (!dir.isDirectory || !dir.canWrite) throw invalid(LocalDir, path, "a directory UMJoin can create or write to")
+    path
+  }
 
   private def parseBoolean(key: String, value: String): Boolean =
     value.trim.toLowerCase(java.util.Locale.ROOT) match {

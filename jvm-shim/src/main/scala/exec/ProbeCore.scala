@@ -1,5 +1,6 @@
 package umjoin.spark.exec
 
+import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{BasePredicate, JoinedRow, UnsafeProjection}
 import org.apache.spark.sql.execution.metric.SQLMetric
@@ -22,13 +23,15 @@ final class ProbeStep(val store: JoinStore, val probeKey: UnsafeProjection, val 
  *
  * @param streamedCondition conditions on the streamed row alone (null: none)
  * @param output            projects the rows bound in probe order (joined left to right) to the output
+ * @param context           the task, checked now and then so a cancelled query stops probing
  */
 final class ProbeCore(
     steps: Array[ProbeStep],
     streamedCondition: BasePredicate,
     streamedMetrics: InputMetrics,
     output: UnsafeProjection,
-    numOutputRows: SQLMetric) {
+    numOutputRows: SQLMetric,
+    context: TaskContext) {
 
   def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
     if (steps.exists(_.store.isEmpty)) Iterator.empty else new Combinations(streamed)
@@ -43,6 +46,7 @@ final class ProbeCore(
     // The step whose candidates are tried next; -1: take the next streamed row.
     private var level = -1
     private var ready = false
+    private var work = 0L
 
     override def hasNext: Boolean = ready || advance()
 
@@ -56,6 +60,8 @@ final class ProbeCore(
     /** Finds the next complete combination; false when the streamed input is exhausted. */
     private def advance(): Boolean = {
       while (true) {
+        work += 1
+        if ((work & 0xfff) == 0 && context.isInterrupted()) throw new TaskKilledException("UMJoin task cancelled")
         if (level < 0) {
           if (!streamed.hasNext) return false
           val row = streamed.next()

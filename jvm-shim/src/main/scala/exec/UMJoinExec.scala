@@ -11,12 +11,16 @@ import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.umjoin.InMemoryStore
 
+import umjoin.spark.UMJoinConf
+import umjoin.spark.state.{JoinStores, StoreMetrics}
+
 /**
  * The batch UMJoin: one multi-way inner join over `children` (the inputs of a TSC group).
  * Every input but the streamed one (head of `probeOrder`) is kept in a store indexed by
  * `storeKeys`; broadcast inputs' stores are built once by Spark's broadcast exchange, partitioned
- * ones per task from the input's partition. Each streamed row then probes the stores in probe order
- * (see [[ProbeCore]]). The streamed input, usually the largest, is never stored.
+ * ones per task from the input's partition, with `spark.umjoin.stateBackend` (memory, RocksDB, or
+ * memory moving to RocksDB). Each streamed row then probes the stores in probe order (see
+ * [[ProbeCore]]). The streamed input, usually the largest, is never stored.
  *
  * @param inputLabels   what each input reads (table names), for plans people read
  * @param probeKeys     per input, the key computed from the inputs before it in probe order
@@ -68,15 +72,25 @@ case class UMJoinExec(
           s"in${i}Probes" -> SQLMetrics.createMetric(sparkContext, s"$name: probes"),
           s"in${i}Matches" -> SQLMetrics.createMetric(sparkContext, s"$name: matches"),
           s"in${i}EarlyStops" -> SQLMetrics.createMetric(sparkContext, s"$name: early stops"),
-          s"in${i}StoreSize" -> SQLMetrics.createSizeMetric(sparkContext, s"$name: store size"))
+          s"in${i}StoreSize" -> SQLMetrics.createSizeMetric(sparkContext, s"$name: store size"),
+          s"in${i}MemtableBytes" -> SQLMetrics.createSizeMetric(sparkContext, s"$name: RocksDB memtable bytes"),
+          s"in${i}DiskBytes" -> SQLMetrics.createSizeMetric(sparkContext, s"$name: RocksDB bytes on disk"),
+          s"in${i}CacheHits" -> SQLMetrics.createMetric(sparkContext, s"$name: RocksDB block cache hits"),
+          s"in${i}CacheMisses" -> SQLMetrics.createMetric(sparkContext, s"$name: RocksDB block cache misses"),
+          s"in${i}Spills" -> SQLMetrics.createMetric(sparkContext, s"$name: stores moved to RocksDB"))
       }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     metrics(s"in${i}RowsIn"), metrics(s"in${i}Probes"), metrics(s"in${i}Matches"),
     metrics(s"in${i}EarlyStops"), metrics(s"in${i}StoreSize"))
 
+  private def storeMetrics(i: Int): StoreMetrics = StoreMetrics(
+    metrics(s"in${i}MemtableBytes"), metrics(s"in${i}DiskBytes"), metrics(s"in${i}CacheHits"),
+    metrics(s"in${i}CacheMisses"), metrics(s"in${i}Spills"))
+
   override protected def doExecute(): RDD[InternalRow] = {
     val n = children.size
+    val stores = UMJoinConf.from(conf).stores
     val broadcasts = children.indices.filter(broadcast).map(i => i -> InMemoryStore.broadcastOf(children(i))).toMap
     val local = children.indices.filterNot(broadcast)
     // Everything the tasks need, copied out of the plan so the closure does not capture it.
@@ -88,6 +102,7 @@ case class UMJoinExec(
     val conds = conditions
     val resultAttrs = output
     val allMetrics = children.indices.map(inputMetrics)
+    val allStoreMetrics = children.indices.map(storeMetrics)
     val numOutputRows = metrics("numOutputRows")
 
     new ZippedInputsRDD[InternalRow, InternalRow](local.map(children(_).execute()), { (context, iterators) =>
@@ -104,13 +119,14 @@ case class UMJoinExec(
         val store = broadcasts.get(input) match {
           case Some(b) => InMemoryStore.fromBroadcast(b)
           case None =>
-            InMemoryStore.build(countRows(rowsOf(input), allMetrics(input).rowsIn), boundStoreKeys(input), outputs(input), context)
+            JoinStores.build(stores, countRows(rowsOf(input), allMetrics(input).rowsIn), boundStoreKeys(input),
+              outputs(input), input, context, allStoreMetrics(input))
         }
         allMetrics(input).storeSize += store.sizeInBytes
         new ProbeStep(store, UnsafeProjection.create(keyExprs(input), prefixes(p - 1)), conditionAt(input, prefixes(p)), allMetrics(input))
       }.toArray
       val core = new ProbeCore(steps, conditionAt(order.head, outputs(order.head)), allMetrics(order.head),
-        UnsafeProjection.create(resultAttrs, prefixes(n - 1)), numOutputRows)
+        UnsafeProjection.create(resultAttrs, prefixes(n - 1)), numOutputRows, context)
       core.join(rowsOf(order.head))
     })
   }

@@ -1,5 +1,6 @@
-// Spark's HashedRelation is private to org.apache.spark.sql.execution, so the in-memory store that
-// reuses it lives in a package below it. Nothing else of the shim does.
+// Spark's HashedRelation and a task's memory manager are private to Spark, so the in-memory stores
+// that use them (this one and SpillingStore) live in a package below org.apache.spark.sql.execution.
+// Nothing else of the shim does.
 package org.apache.spark.sql.execution.umjoin
 
 import org.apache.spark.TaskContext

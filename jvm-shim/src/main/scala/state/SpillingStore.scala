@@ -1,0 +1,73 @@
+// Lives beside InMemoryStore: a task's memory manager is private to Spark.
+package org.apache.spark.sql.execution.umjoin
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.unsafe.map.BytesToBytesMap
+
+import umjoin.spark.state.{JoinStore, RocksDBStore}
+
+/**
+ * `auto`: a store in Spark's BytesToBytesMap (the map behind Spark's hashed relations, in memory
+ * granted by the task's memory manager) until that memory manager refuses to let it grow, or it holds
+ * more than `maxMemory` bytes. Then every row moves to a RocksDB store, and the rest of the input
+ * follows. Nothing is lost and the task does not fail for lack of memory.
+ */
+final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long, newDiskStore: () => RocksDBStore) extends JoinStore {
+  private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, context.taskMemoryManager().pageSizeBytes())
+  private var disk: RocksDBStore = _
+  private var rows = 0L
+  private val row = new UnsafeRow(numFields)
+
+  /** The RocksDB store the rows moved to, once they did. */
+  def diskStore: Option[RocksDBStore] = Option(disk)
+
+  /** Adds a row under `key` (without NULLs). */
+  def add(key: UnsafeRow, value: UnsafeRow): Unit = {
+    rows += 1
+    if (disk == null) {
+      val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      val added = location.append(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes,
+        value.getBaseObject, value.getBaseOffset, value.getSizeInBytes)
+      if (added && map.getTotalMemoryConsumption <= maxMemory) return
+      moveToDisk()
+      if (added) return
+    }
+    disk.add(key, value)
+  }
+
+  private def moveToDisk(): Unit = {
+    disk = newDiskStore()
+    val entries = map.iterator()
+    while (entries.hasNext) {
+      val e = entries.next()
+      disk.add(e.getKeyBase, e.getKeyOffset, e.getKeyLength, e.getValueBase, e.getValueOffset, e.getValueLength)
+    }
+    map.free()
+    map = null
+  }
+
+  override def get(key: UnsafeRow): Iterator[InternalRow] =
+    if (disk != null) disk.get(key)
+    else {
+      val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      new Iterator[InternalRow] {
+        private var more = location.isDefined
+        override def hasNext: Boolean = more
+        override def next(): InternalRow = {
+          row.pointTo(location.getValueBase, location.getValueOffset, location.getValueLength)
+          more = location.nextValue()
+          row
+        }
+      }
+    }
+
+  override def isEmpty: Boolean = rows == 0
+  override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else map.getTotalMemoryConsumption
+
+  override def close(): Unit = {
+    if (map != null) map.free()
+    if (disk != null) disk.close()
+  }
+}

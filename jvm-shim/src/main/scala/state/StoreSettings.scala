@@ -1,0 +1,43 @@
+package umjoin.spark.state
+
+import java.io.File
+
+import org.apache.spark.SparkEnv
+
+/** Where UMJoin keeps the stores it builds itself (broadcast inputs stay Spark's broadcast hash maps). */
+sealed trait StateBackend
+
+object StateBackend {
+  /** Spark's in-memory hash map; a store that does not fit fails the task, as Spark's hash joins do. */
+  case object Memory extends StateBackend
+  /** RocksDB (an LSM-tree) under the task's local directory. */
+  case object RocksDB extends StateBackend
+  /** In memory while the task memory manager grants memory, then moved to RocksDB. */
+  case object Auto extends StateBackend
+
+  val byName: Map[String, StateBackend] = Map("memory" -> Memory, "rocksdb" -> RocksDB, "auto" -> Auto)
+}
+
+/**
+ * The LSM-tree's knobs, per store: `writeBufferSize` is one memtable (a skip list; one more may be
+ * read-only while it is flushed), `blockCacheSize` the LRU cache of SST blocks read from disk,
+ * `bloomFilterBitsPerKey` the size of the key filters (0: none).
+ */
+final case class RocksDBSettings(writeBufferSize: Long, blockCacheSize: Long, bloomFilterBitsPerKey: Int, localDir: Option[String]) {
+
+  /** The directory stores are created under: the setting, else Spark's first local directory. */
+  def root: File = {
+    val base = localDir.getOrElse(
+      sys.env.get("SPARK_LOCAL_DIRS")
+        .orElse(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir")))
+        .getOrElse(System.getProperty("java.io.tmpdir"))
+        .split(",").head)
+    new File(base, "umjoin-stores")
+  }
+}
+
+/**
+ * @param maxStoreMemory with `auto`, a store also moves to RocksDB once its in-memory size passes
+ *                       this many bytes (None: only when Spark's memory manager refuses memory)
+ */
+final case class StoreSettings(backend: StateBackend, rocksdb: RocksDBSettings, maxStoreMemory: Option[Long])
