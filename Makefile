@@ -9,9 +9,10 @@ RULES := $(wildcard rules/*.yaml)
 REPORT_SF ?= 0.1
 BENCH_SF ?= 1
 BENCH_REPS ?= 3
+BENCH_MEMORY_SF ?= 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build browser test report demo bench clean
+.PHONY: venv build browser test report demo bench bench-memory clean
 
 venv: $(INSTALLED)
 
@@ -43,6 +44,11 @@ demo: build
 
 bench: build
 	$(VENV)/bin/umjoin bench --sf $(BENCH_SF) --repetitions $(BENCH_REPS) --out bench/results
+
+# The paper's memory experiment (TPC-DS SF 1, 4-way join); plots need matplotlib (the bench extra).
+bench-memory: build
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/umjoin bench-memory --sf $(BENCH_MEMORY_SF) --out bench/results
 
 clean:
 	rm -rf build $(JAR)

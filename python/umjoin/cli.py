@@ -1,4 +1,4 @@
-"""The `umjoin` command: demo, plan-diff, tpch-report, bench."""
+"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory."""
 
 from __future__ import annotations
 
@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
     bench.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
+
+    memory = commands.add_parser("bench-memory", help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
+    memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
+    memory.add_argument("--repetitions", type=int, default=2, help="measured runs per setting (default 2)")
+    memory.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     return parser
 
 
@@ -105,6 +110,11 @@ def _run(args: argparse.Namespace) -> int:
         spark = local_builder("umjoin-demo").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return 0 if run_demo(spark, args.query, args.sf) else 1
+    if args.command == "bench-memory":
+        from umjoin.bench_memory import run_memory_bench
+
+        run_memory_bench(args.sf, args.out, args.repetitions)
+        return 0
     from umjoin.bench import run_bench
 
     spark = local_builder("umjoin-bench", shuffle_partitions=8, driver_memory=args.driver_memory).getOrCreate()

@@ -2,7 +2,7 @@ package umjoin.spark.planning
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{Cast, Expression, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Cast, Expression, IsNotNull, PredicateHelper}
 import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
@@ -59,16 +59,27 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * Probes that need no shuffle happen before it. When the group is co-partitioned and Spark's join
-   * tree joins one shuffled input with broadcast inputs only in a subtree, the group is cut above
-   * the largest such subtree: those joins then run before the exchange, as in Spark's own plan, and
-   * only their (often much smaller) result is shuffled.
+   * Probes that reduce a shuffle happen before it. When the group is co-partitioned and Spark's join
+   * tree joins one shuffled input with broadcast inputs only in a subtree, one of them filtered (a
+   * selective probe: TPC-H's `part` by type or name), the group is cut above the largest such
+   * subtree: those joins then run before the exchange, as in Spark's own plan, and only their
+   * smaller result is shuffled. Unfiltered broadcast inputs usually multiply rows, so with them the
+   * whole group stays one UMJoin and its inputs are shuffled as they are.
    */
   private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
     def shuffled(i: Int): Boolean = plan.placements(i).isInstanceOf[InputPlacement.HashPartitioned]
+    def broadcast(i: Int): Boolean = plan.placements(i) == InputPlacement.Broadcast
     def beforeShuffle(cut: Cut[LogicalPlan]): Boolean =
-      cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || plan.placements(i) == InputPlacement.Broadcast)
+      cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || broadcast(i)) &&
+        cut.inputsBelow.exists(i => broadcast(i) && isFiltered(group.inputs(i)))
     if (group.inputs.indices.exists(shuffled)) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
+  }
+
+  /** Whether the input keeps only some of its rows: a filter beyond `IS NOT NULL` (which Spark adds for join keys). */
+  private def isFiltered(input: LogicalPlan): Boolean = input.exists {
+    case Filter(condition, _) => splitConjunctivePredicates(condition).exists(!_.isInstanceOf[IsNotNull])
+    case stage: LogicalQueryStage => isFiltered(stage.logicalPlan)
+    case _ => false
   }
 
   private def isBroadcastStage(plan: LogicalPlan): Boolean = plan match {
