@@ -12,7 +12,7 @@ import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
  * planning, so `spark.conf.set` takes effect at the next query; an invalid value fails that query
  * with a message naming the key, the value and what is accepted.
  */
-final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings)
+final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings, stateTtlMs: Option[Long])
 
 object UMJoinConf {
   val Enabled = "spark.umjoin.enabled"
@@ -23,6 +23,7 @@ object UMJoinConf {
   val BloomFilterBitsPerKey = "spark.umjoin.rocksdb.bloomFilterBitsPerKey"
   val LocalDir = "spark.umjoin.rocksdb.localDir"
   val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
+  val StateTtl = "spark.umjoin.stateTtl"
   /** Static (read when the session starts): a directory of member-pattern files replacing the built-in rules. */
   val RulesDir = "spark.umjoin.rulesDir"
 
@@ -40,12 +41,18 @@ object UMJoinConf {
     UMJoinConf(
       enabled = parseBoolean(Enabled, conf.getConfString(Enabled, "true")),
       minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2),
-      stores = stores)
+      stores = stores,
+      stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)))
   }
 
   private def parseSize(key: String, value: String, min: Long): Long = {
     val bytes = try Some(JavaUtils.byteStringAsBytes(value.trim)) catch { case _: NumberFormatException => None }
     bytes.filter(_ >= min).getOrElse(throw invalid(key, value, s"a size such as 64k, 8m or 1g, at least $min bytes"))
+  }
+
+  private def parseDuration(key: String, value: String): Long = {
+    val ms = try Some(JavaUtils.timeStringAsMs(value.trim)) catch { case _: NumberFormatException => None }
+    ms.filter(_ > 0).getOrElse(throw invalid(key, value, "a positive duration such as 30s, 10m or 2h"))
   }
 
   private def checkedDirectory(path: String): String = {

@@ -2,23 +2,30 @@ package umjoin.spark
 
 import org.apache.spark.SparkEnv
 import org.apache.spark.sql.SparkSessionExtensions
-
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
-import umjoin.spark.planning.{BatchUMJoinStrategy, LogicalPatterns}
+import umjoin.spark.planning.{BatchUMJoinStrategy, LogicalPatterns, PhysicalPatterns, StreamingUMJoinRule}
 import umjoin.spark.tsc.MemberPatterns
 
 /**
  * Registers UMJoin with a Spark session: `spark.sql.extensions=umjoin.spark.UMJoinExtensions`
- * (plus the jar on `spark.jars`). The member patterns are loaded and checked here, so a broken
- * rules file fails the session's creation with a message naming the file.
+ * (plus the jar on `spark.jars`): the batch planner strategy and the streaming physical rule. The
+ * member patterns are loaded and checked here, so a broken rules file fails the session's creation
+ * with a message naming the file.
  */
 class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
     val rulesDir = Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir))
     val batchPatterns = UMJoinExtensions.loadBatchPatterns(rulesDir)
+    val streamingPatterns = MemberPatterns.load("streaming", rulesDir, PhysicalPatterns.vocabulary)
     // Spark asks for the strategy at every planning call: keep construction cheap.
     extensions.injectPlannerStrategy(session => new BatchUMJoinStrategy(session, batchPatterns))
+    // The streaming hook runs on prepared physical plans, where stream-stream joins have their state.
+    extensions.injectColumnar(session => new ColumnarRule {
+      override def preColumnarTransitions: Rule[SparkPlan] = new StreamingUMJoinRule(session, streamingPatterns)
+    })
   }
 }
 

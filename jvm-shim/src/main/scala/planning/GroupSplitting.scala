@@ -59,6 +59,24 @@ object GroupSplitting {
   }
 
   /**
+   * Every group of the plan that runs as one UMJoin, outermost first, each with its plan: the
+   * decisions `groupAt` takes when each node is reached top-down. The result feeds TSC step 2
+   * (`TwoStepConvert.getMultiJoinNode`), which replaces exactly these groups.
+   */
+  def acceptedGroups[T <: TreeNode[T], P](
+      root: T,
+      tsc: TwoStepConvert[T],
+      roleOf: T => Option[MemberRole],
+      minInputs: Int,
+      tryPlan: MultiJoinGroup[T] => Either[String, P],
+      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]]): Seq[(MultiJoinGroup[T], P)] =
+    groupAt(root, tsc, roleOf, minInputs, tryPlan, preferredCut) match {
+      case Right((group, plan)) =>
+        (group, plan) +: group.inputs.flatMap(acceptedGroups(_, tsc, roleOf, minInputs, tryPlan, preferredCut))
+      case Left(_) => root.children.flatMap(acceptedGroups(_, tsc, roleOf, minInputs, tryPlan, preferredCut))
+    }
+
+  /**
    * Where a group can be cut: above each join member except the root, including the pass-through
    * members right above it (so the cut-off input keeps their projection). Breadth-first order, so
    * ties keep cuts near the root.

@@ -1,0 +1,222 @@
+package umjoin.spark.exec
+
+import java.io.{ObjectInputStream, ObjectOutputStream}
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
+import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateSchemaValidationResult, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
+
+import umjoin.spark.state.JoinStore
+
+/**
+ * The streaming UMJoin: one multi-way inner join over the streams of a TSC group, keeping one
+ * state store per input (Spark's state store API with the session's provider; RocksDB's is an
+ * LSM-tree) and no intermediate results. All inputs are hash-partitioned on one join key class,
+ * `keys(i)` being input i's expression for it, and each store keeps its input's rows by that key.
+ *
+ * A micro-batch applies its new rows input by input (paper 000, 3.1.3): new rows of input i probe
+ * the stores of inputs before i with this batch's rows already in them, and of inputs after i with
+ * the earlier batches' rows only, then join their own store. So every combination of rows is produced
+ * exactly once, by whichever of its rows arrived last (in batch, then input order). Then expired rows
+ * are evicted and every store is committed.
+ *
+ * @param probeOrders per input, the order in which its new rows probe the other stores
+ * @param conditions  per input and step of its probe order, the conditions checked once that row is bound
+ * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
+ * @param evictable   per input, its stored rows no future row can join any more
+ * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl)
+ */
+case class StreamingUMJoinExec(
+    output: Seq[Attribute],
+    inputLabels: Seq[String],
+    keys: Seq[Expression],
+    probeOrders: Seq[Seq[Int]],
+    conditions: Seq[Seq[Seq[Expression]]],
+    lateRows: Seq[Option[Expression]],
+    evictable: Seq[Option[Expression]],
+    stateTtlMs: Option[Long],
+    stateInfo: Option[StatefulOperatorStateInfo],
+    eventTimeWatermarkForEviction: Option[Long],
+    children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
+
+  override def nodeName: String = "StreamingUMJoin"
+  override def shortName: String = "umJoin"
+  override val stateStoreNames: Seq[String] = children.indices.map(StreamingUMJoinExec.storeName)
+
+  override def requiredChildDistribution: Seq[Distribution] =
+    keys.map(k => StatefulOpClusteredDistribution(Seq(k), getStateInfo.numPartitions))
+
+  override def outputPartitioning: Partitioning = UnknownPartitioning(getStateInfo.numPartitions)
+
+  // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on the
+  // joins this node replaces, before it exists.
+  override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
+
+  /** Per input: its state (rows, bytes) and its probes; they show in the query's progress too. */
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = children.indices.flatMap { i =>
+    val name = s"input #$i ${inputLabels(i)}"
+    Seq(
+      StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
+      StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
+      StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
+      StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
+      StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
+      StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops"))
+  }
+
+  private def inputMetrics(i: Int): InputMetrics = InputMetrics(
+    longMetric(s"rowsInInput$i"), longMetric(s"probesInput$i"), longMetric(s"matchesInput$i"),
+    longMetric(s"earlyStopsInput$i"), longMetric(s"stateBytesInput$i"))
+
+  /** A batch with no new rows still runs when the watermark moved past what the state holds. */
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    evictable.exists(_.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val info = getStateInfo
+    val storeConf = new StateStoreConf(conf)
+    val hadoopConf = new SerializableHadoopConf(session.sessionState.newHadoopConf())
+    val n = children.size
+    val outputs = children.map(_.output)
+    val allMetrics = children.indices.map(inputMetrics)
+    val (keyExprs, orders, conds, late, expire, ttl, resultAttrs) = (keys, probeOrders, conditions, lateRows, evictable, stateTtlMs, output)
+    val numOutputRows = longMetric("numOutputRows")
+    val numDropped = longMetric("numRowsDroppedByWatermark")
+    val numUpdated = longMetric("numUpdatedStateRows")
+    val numRemoved = longMetric("numRemovedStateRows")
+    val stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i"))
+    val now = System.currentTimeMillis() // this batch's time, the same for every task and retry
+    val self = this
+
+    new ZippedInputsRDD[InternalRow, InternalRow](children.map(_.execute()), { (context, iterators) =>
+      val stores = (0 until n).map { i =>
+        val keySchema = StreamingUMJoinExec.keySchema(keyExprs(i))
+        StateStore.get(
+          StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, context.partitionId(), StreamingUMJoinExec.storeName(i)), info.queryRunId),
+          keySchema, DataTypeUtils.fromAttributes(outputs(i)), PrefixKeyScanStateEncoderSpec(keySchema, 1), info.storeVersion,
+          None, None, false, storeConf, hadoopConf.value, false)
+      }
+      context.addTaskCompletionListener[Unit](_ => stores.foreach(s => if (!s.hasCommitted) s.abort()))
+      val joinStores = stores.map(new StateJoinStore(_))
+      val keyOf = (0 until n).map(i => UnsafeProjection.create(Seq(keyExprs(i)), outputs(i)))
+      val entryKey = new GenericInternalRow(3)
+      val toKeyRow = UnsafeProjection.create(StreamingUMJoinExec.keySchema(keyExprs.head).map(_.dataType).toArray)
+      var sequence = info.storeVersion << 32
+
+      def predicate(expr: Option[Expression], attrs: Seq[Attribute]): Option[BasePredicate] = expr.map { e =>
+        val p = Predicate.create(e, attrs)
+        p.initialize(context.partitionId())
+        p
+      }
+
+      // Input by input: rows of input s probe the other stores, then go into their own.
+      val joined = (0 until n).iterator.flatMap { s =>
+        val isLate = predicate(late(s), outputs(s))
+        val toStore = UnsafeProjection.create(outputs(s), outputs(s))
+        val fresh = iterators(s).filter { row =>
+          val dropped = isLate.exists(_.eval(row))
+          if (dropped) numDropped += 1
+          !dropped
+        }.map { row =>
+          val key = keyOf(s)(row)
+          if (!key.anyNull) {
+            entryKey.update(0, key.get(0, keyExprs(s).dataType))
+            entryKey.update(1, sequence)
+            entryKey.update(2, now)
+            sequence += 1
+            stores(s).put(toKeyRow(entryKey), toStore(row))
+            numUpdated += 1
+          }
+          row
+        }
+        val order = orders(s)
+        val prefixes = order.indices.map(p => order.take(p + 1).flatMap(outputs))
+        def conditionAt(step: Int): BasePredicate = predicate(conds(s)(step).reduceOption(And), prefixes(step)).orNull
+        val steps = order.indices.tail.map { p =>
+          new ProbeStep(joinStores(order(p)), UnsafeProjection.create(Seq(keyExprs(s)), prefixes(p - 1)), conditionAt(p), allMetrics(order(p)))
+        }.toArray
+        val core = new ProbeCore(steps, conditionAt(0), allMetrics(s), UnsafeProjection.create(resultAttrs, prefixes.last), numOutputRows, context)
+        // Rows the probe did not pull (nothing to probe) must still be stored.
+        core.join(fresh) ++ new Iterator[InternalRow] {
+          override def hasNext: Boolean = { fresh.foreach(_ => ()); false }
+          override def next(): InternalRow = throw new NoSuchElementException
+        }
+      }
+
+      new Iterator[InternalRow] {
+        private var finished = false
+        override def hasNext: Boolean = joined.hasNext || { if (!finished) finish(); false }
+        override def next(): InternalRow = joined.next()
+
+        /** Evicts what can no longer join, commits every store, and reports the state. */
+        private def finish(): Unit = {
+          finished = true
+          (0 until n).foreach { i =>
+            val expired = predicate(expire(i), outputs(i))
+            val cutoff = ttl.map(now - _)
+            if (expired.isDefined || cutoff.isDefined) {
+              val gone = mutable.ArrayBuffer[UnsafeRow]()
+              stores(i).iterator().foreach { pair =>
+                if (cutoff.exists(pair.key.getLong(2) < _) || expired.exists(_.eval(pair.value))) gone += pair.key.copy()
+              }
+              gone.foreach(stores(i).remove(_))
+              numRemoved += gone.size
+            }
+            stores(i).commit()
+            self.setStoreMetrics(stores(i), false)
+            allMetrics(i).storeSize += stores(i).metrics.memoryUsedBytes
+            stateRows(i) += stores(i).metrics.numKeys
+          }
+          self.setOperatorMetrics(n)
+        }
+      }
+    })
+  }
+
+  override def simpleString(maxFields: Int): String = {
+    val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (key ${keys(i)})").mkString(", ")
+    val orders = probeOrders.map(_.map(i => s"#$i").mkString(" -> ")).mkString("; ")
+    s"$nodeName inputs=[$inputs], probeOrders=[$orders], operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+  }
+
+  override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
+    copy(children = newChildren)
+}
+
+object StreamingUMJoinExec {
+  def storeName(input: Int): String = s"umjoin-input-$input"
+
+  /** A store's key: the join key (the prefix scanned by probes), a sequence number, the time it was stored. */
+  def keySchema(key: Expression): StructType = StructType(Seq(
+    StructField("key", key.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
+}
+
+/** An input's state store as a UMJoin store: a probe is a prefix scan on the join key. */
+private final class StateJoinStore(store: StateStore) extends JoinStore {
+  override def get(key: UnsafeRow): Iterator[InternalRow] = store.prefixScan(key).map(_.value)
+  override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
+  override def sizeInBytes: Long = store.metrics.memoryUsedBytes
+  override def close(): Unit = ()
+}
+
+/** A Hadoop configuration that travels to the tasks (Configuration itself is not serializable). */
+private final class SerializableHadoopConf(@transient var value: Configuration) extends Serializable {
+  private def writeObject(out: ObjectOutputStream): Unit = {
+    out.defaultWriteObject()
+    value.write(out)
+  }
+  private def readObject(in: ObjectInputStream): Unit = {
+    value = new Configuration(false)
+    value.readFields(in)
+  }
+}

@@ -1,0 +1,161 @@
+package umjoin.spark.planning
+
+import java.util.IdentityHashMap
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
+import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SparkPlan}
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
+
+import umjoin.spark.UMJoinConf
+import umjoin.spark.exec.{StreamingUMJoinExec, StreamingUMJoinMemberExec}
+import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
+
+/** What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). */
+final case class StreamingGroupPlan(
+    keys: Seq[Expression],
+    probeOrders: Seq[Seq[Int]],
+    conditions: Seq[Seq[Seq[Expression]]],
+    lateRows: Seq[Option[Expression]],
+    evictable: Seq[Option[Expression]],
+    evictionWatermark: Option[Long])
+
+/**
+ * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
+ * stream-stream joins their state (operator ids, checkpoint, partitions, watermarks) and inserted
+ * their exchanges. TSC runs on this physical plan with the member patterns of `rules/streaming.yaml`;
+ * every group whose streams all share one join key class becomes one StreamingUMJoin, which keeps
+ * the root join's state identity (operator id) and, through [[StreamingUMJoinMemberExec]], the other
+ * joins' ids for Spark's watermark bookkeeping. Groups without such a key are split; what cannot be
+ * converted keeps Spark's joins. The rule does the same in every batch and after a restart, so a
+ * query keeps its state layout.
+ *
+ * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans stream-stream
+ * joins with its own strategy before any extension strategy and assigns state only to its built-in
+ * operators, so the only place that sees the joins together with their state is the prepared plan.
+ */
+final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[SparkPlan])
+  extends Rule[SparkPlan] with PredicateHelper with Logging {
+
+  private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf)
+
+  override def apply(plan: SparkPlan): SparkPlan =
+    if (!plan.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec])) plan
+    else {
+      val conf = UMJoinConf.from(session.sessionState.conf)
+      if (!conf.enabled) plan
+      else {
+        val accepted = GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](
+          plan, tsc, patterns.roleOf, conf.minInputs, tryPlan, (_, _, _) => None)
+        val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
+        accepted.foreach { case (group, p) => plans.put(group.root, p) }
+        tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf.stateTtlMs))
+      }
+    }
+
+  /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
+  private def tryPlan(group: MultiJoinGroup[SparkPlan]): Either[String, StreamingGroupPlan] = {
+    val joins = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
+    val conjuncts = group.members.flatMap {
+      case j: StreamingSymmetricHashJoinExec =>
+        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
+      case f: FilterExec => splitConjunctivePredicates(f.condition)
+      case _ => Nil
+    }
+    val inputs = group.inputs
+    val outputs = inputs.map(_.output)
+    JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
+      // Every stream's state is partitioned by one key: the class all streams join on.
+      val shared = graph.classes.filter(c => inputs.indices.forall(c.inputs.contains))
+        .sortBy(c => (-c.members.size, !Seq(ByteType, ShortType, IntegerType, LongType).contains(c.members.head._2.dataType)))
+      shared.headOption.toRight("its streams do not all share one join key, which a streaming UMJoin partitions its state by").map { key =>
+        val keys = inputs.indices.map(i => key.keyOf(i).get)
+        val orders = inputs.indices.map(s => s +: inputs.indices.filterNot(_ == s))
+        val evictionWatermark = joins.flatMap(_.eventTimeWatermarkForEviction).minOption
+        StreamingGroupPlan(
+          keys = keys,
+          probeOrders = orders,
+          conditions = orders.map(order => conditionsAlong(order, graph, key, keys)),
+          lateRows = inputs.indices.map { i =>
+            StreamingWatermarks.lateRows(outputs(i), joinAbove(group, inputs(i)).eventTimeWatermarkForLateEvents)
+          },
+          evictable = inputs.indices.map(i => StreamingWatermarks.evictableRows(i, outputs, graph.classes, conjuncts, evictionWatermark)),
+          evictionWatermark = evictionWatermark)
+      }
+    }
+  }
+
+  /**
+   * The conditions to check at each step of a probe order: every store is keyed by the shared class
+   * only, so the equalities of the other classes (and of further keys of one input) become conditions,
+   * checked with the residual conditions as soon as their inputs are bound.
+   */
+  private def conditionsAlong(order: Seq[Int], graph: JoinGraph, shared: KeyClass, keys: Seq[Expression]): Seq[Seq[Expression]] = {
+    val position = order.zipWithIndex.toMap
+    val atStep = Array.fill(order.size)(Seq.empty[Expression])
+    graph.classes.foreach { c =>
+      if (c eq shared) {
+        // The stores are keyed by this class; an input's further expressions in it are checked.
+        c.members.foreach { case (input, e) => if (e ne keys(input)) atStep(position(input)) :+= EqualTo(keys(input), e) }
+      } else {
+        val bound = c.members.sortBy(m => position(m._1))
+        bound.tail.foreach { case (input, e) => atStep(position(input)) :+= EqualTo(bound.head._2, e) }
+      }
+    }
+    graph.residuals.foreach { r =>
+      val step = if (r.inputs.isEmpty) 0 else r.inputs.map(position).max
+      atStep(step) :+= r.condition
+    }
+    atStep.toSeq
+  }
+
+  /** The join an input feeds directly (through projections and filters): it decides the input's late rows. */
+  private def joinAbove(group: MultiJoinGroup[SparkPlan], input: SparkPlan): StreamingSymmetricHashJoinExec = {
+    val parent = group.members.find(_.children.exists(_ eq input)).get
+    parent match {
+      case j: StreamingSymmetricHashJoinExec => j
+      case passThrough => joinAbove(group, passThrough)
+    }
+  }
+
+  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, inputs: Seq[SparkPlan], stateTtlMs: Option[Long]): SparkPlan = {
+    val root = group.root.asInstanceOf[StreamingSymmetricHashJoinExec]
+    val partitions = root.getStateInfo.numPartitions
+    val umjoin = StreamingUMJoinExec(
+      output = root.output,
+      inputLabels = inputs.map(label),
+      keys = plan.keys,
+      probeOrders = plan.probeOrders,
+      conditions = plan.conditions,
+      lateRows = plan.lateRows,
+      evictable = plan.evictable,
+      stateTtlMs = stateTtlMs,
+      stateInfo = root.stateInfo,
+      eventTimeWatermarkForEviction = plan.evictionWatermark,
+      children = inputs.zip(plan.keys).map { case (input, key) => partitionedBy(input, key, partitions) })
+    logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if j ne root => j }
+      .foldLeft(umjoin: SparkPlan)((child, replaced) => StreamingUMJoinMemberExec(replaced.stateInfo, child))
+  }
+
+  /** The input hash-partitioned on its key into the state's partitions (Spark's exchange kept if it already is). */
+  private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan = input match {
+    case e: ShuffleExchangeExec => e.outputPartitioning match {
+      case HashPartitioning(Seq(k), `partitions`) if k.semanticEquals(key) => e
+      case _ => ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), e.child)
+    }
+    case other => ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), other)
+  }
+
+  /** The stream an input reads: its files' directory (a file source), else its leaf's name. */
+  private def label(input: SparkPlan): String = input.collectLeaves().map {
+    case scan: FileSourceScanExec =>
+      scan.relation.location.rootPaths.headOption.map(p => Option(p.getParent).map(_.getName).getOrElse(p.getName)).getOrElse("files")
+    case leaf => leaf.nodeName
+  }.distinct.mkString("+")
+}
