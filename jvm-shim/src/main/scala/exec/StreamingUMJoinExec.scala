@@ -13,7 +13,7 @@ import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning,
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateSchemaValidationResult, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateSchemaValidationResult, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
 import umjoin.spark.state.JoinStore
@@ -34,7 +34,8 @@ import umjoin.spark.state.JoinStore
  * @param conditions  per input and step of its probe order, the conditions checked once that row is bound
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
  * @param evictable   per input, its stored rows no future row can join any more
- * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl)
+ * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
+ *                    stored longer ago are removed before a batch's rows probe
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -119,6 +120,17 @@ case class StreamingUMJoinExec(
         p
       }
 
+      /** Removes the stored rows of input i that `gone` selects (collected first: a store is not changed while scanned). */
+      def removeWhere(i: Int, gone: UnsafeRowPair => Boolean): Unit = {
+        val keys = mutable.ArrayBuffer[UnsafeRow]()
+        stores(i).iterator().foreach(pair => if (gone(pair)) keys += pair.key.copy())
+        keys.foreach(stores(i).remove(_))
+        numRemoved += keys.size
+      }
+
+      // A row older than the TTL never joins again: expire before this batch's rows probe.
+      ttl.foreach(ttlMs => (0 until n).foreach(i => removeWhere(i, _.key.getLong(2) <= now - ttlMs)))
+
       // Input by input: rows of input s probe the other stores, then go into their own.
       val joined = (0 until n).iterator.flatMap { s =>
         val isLate = predicate(late(s), outputs(s))
@@ -158,20 +170,11 @@ case class StreamingUMJoinExec(
         override def hasNext: Boolean = joined.hasNext || { if (!finished) finish(); false }
         override def next(): InternalRow = joined.next()
 
-        /** Evicts what can no longer join, commits every store, and reports the state. */
+        /** Evicts what the watermark says can no longer join, commits every store, and reports the state. */
         private def finish(): Unit = {
           finished = true
           (0 until n).foreach { i =>
-            val expired = predicate(expire(i), outputs(i))
-            val cutoff = ttl.map(now - _)
-            if (expired.isDefined || cutoff.isDefined) {
-              val gone = mutable.ArrayBuffer[UnsafeRow]()
-              stores(i).iterator().foreach { pair =>
-                if (cutoff.exists(pair.key.getLong(2) < _) || expired.exists(_.eval(pair.value))) gone += pair.key.copy()
-              }
-              gone.foreach(stores(i).remove(_))
-              numRemoved += gone.size
-            }
+            predicate(expire(i), outputs(i)).foreach(expired => removeWhere(i, pair => expired.eval(pair.value)))
             stores(i).commit()
             self.setStoreMetrics(stores(i), false)
             allMetrics(i).storeSize += stores(i).metrics.memoryUsedBytes

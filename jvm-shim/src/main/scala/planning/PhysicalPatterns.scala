@@ -5,6 +5,7 @@ import scala.jdk.CollectionConverters._
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.plans.{Inner, JoinType}
 import org.apache.spark.sql.execution.{FilterExec, ProjectExec, SparkPlan}
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
 
 import umjoin.spark.tsc.{Check, MemberPatterns, NodeKind, PatternVocabulary}
@@ -18,6 +19,7 @@ object PhysicalPatterns {
     planType = "physical",
     nodeKinds = Map(
       "StreamingSymmetricHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[StreamingSymmetricHashJoinExec], isJoin = true),
+      "ShuffleExchangeExec" -> NodeKind[SparkPlan](_.isInstanceOf[ShuffleExchangeExec], isJoin = false),
       "ProjectExec" -> NodeKind[SparkPlan](_.isInstanceOf[ProjectExec], isJoin = false),
       "FilterExec" -> NodeKind[SparkPlan](_.isInstanceOf[FilterExec], isJoin = false)),
     checks = Map(

@@ -10,6 +10,7 @@ import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SparkPlan}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
@@ -48,15 +49,41 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     if (!plan.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec])) plan
     else {
       val conf = UMJoinConf.from(session.sessionState.conf)
-      if (!conf.enabled) plan
-      else {
-        val accepted = GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](
-          plan, tsc, patterns.roleOf, conf.minInputs, tryPlan, (_, _, _) => None)
-        val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
-        accepted.foreach { case (group, p) => plans.put(group.root, p) }
-        tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf.stateTtlMs))
-      }
+      val accepted =
+        if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs, tryPlan, (_, _, _) => None)
+        else Nil
+      val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
+      accepted.foreach { case (group, p) => plans.put(group.root, p) }
+      checkCheckpoint(plan, plans)
+      tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf.stateTtlMs))
     }
+
+  /**
+   * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
+   * state is either UMJoin's (one store per input, under the root join's operator id) or Spark's.
+   * Reading one as the other would fail obscurely, or worse; this names the problem instead.
+   */
+  private def checkCheckpoint(plan: SparkPlan, convertedRoots: IdentityHashMap[SparkPlan, StreamingGroupPlan]): Unit = {
+    lazy val hadoopConf = session.sessionState.newHadoopConf()
+    plan.foreach {
+      case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
+        val info = join.getStateInfo
+        val store = StateStoreId(info.checkpointLocation, info.operatorId, 0, StreamingUMJoinExec.storeName(0)).storeCheckpointLocation()
+        val hasUMJoinState = store.getFileSystem(hadoopConf).exists(store)
+        val isUMJoin = convertedRoots.containsKey(join)
+        if (isUMJoin && !hasUMJoinState) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
+            s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
+            s"spark.umjoin.enabled=false, or use a new checkpoint location to run this query with UMJoin.")
+        }
+        if (!isUMJoin && hasUMJoinState) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
+            s"${info.operatorId}, but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is false, or the " +
+            s"join no longer converts). Restart with the settings the checkpoint was written with, or use a new checkpoint location.")
+        }
+      case _ =>
+    }
+  }
 
   /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
   private def tryPlan(group: MultiJoinGroup[SparkPlan]): Either[String, StreamingGroupPlan] = {

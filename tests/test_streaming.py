@@ -1,0 +1,258 @@
+"""Streaming UMJoin: real Structured Streaming queries over file sources, with checkpoints.
+
+Each stream is a directory of Parquet files read one file per micro-batch (maxFilesPerTrigger=1,
+files ordered by modification time), so a test decides exactly which rows arrive in which batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from umjoin.local import temporary_conf
+
+ROCKSDB = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}
+
+
+def write_batches(directory: Path, columns: str, batches: list[list[tuple]]) -> None:  # type: ignore[type-arg]
+    """One Parquet file per micro-batch (possibly empty), in batch order by modification time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    existing = len(list(directory.glob("*.parquet")))
+    for b, rows in enumerate(batches, start=existing):
+        con.execute(f"CREATE OR REPLACE TABLE t ({columns})")
+        if rows:
+            con.executemany(f"INSERT INTO t VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        path = directory / f"batch-{b:04d}.parquet"
+        con.execute(f"COPY t TO '{path}' (FORMAT parquet)")
+        os.utime(path, (1_000_000 + b, 1_000_000 + b))
+    con.close()
+
+
+def stream(spark: SparkSession, directory: Path, schema: str) -> DataFrame:
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
+
+
+def run_to_end(df: DataFrame, name: str, checkpoint: Path) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+    query = df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination()
+    return sorted(tuple(r) for r in df.sparkSession.table(name).collect()), query
+
+
+def executed_plan(query: StreamingQuery) -> str:
+    return query._jsq.streamingQuery().lastExecution().executedPlan().toString()
+
+
+def star(frames: dict[str, DataFrame], names: str) -> DataFrame:
+    """Streams joined on one key (`<name>_k`), chained left to right as a user writes it."""
+    joined = frames[names[0]]
+    for other in names[1:]:
+        joined = joined.join(frames[other], F.col(f"{names[0]}_k") == F.col(f"{other}_k"))
+    return joined
+
+
+def random_case(seed: int) -> tuple[str, dict[str, list[list[tuple]]], bool]:  # type: ignore[type-arg]
+    """3-4 streams of (key, second key, value) rows split at random into micro-batches."""
+    rng = random.Random(seed)
+    names = "wxyz"[: rng.randint(3, 4)]
+    batches = rng.randint(1, 5)
+    together = rng.random() < 0.3  # every stream's rows arrive in the same batches
+    data = {}
+    for name in names:
+        rows = [(None if rng.random() < 0.05 else rng.randrange(8), rng.randrange(3), rng.randrange(100)) for _ in range(rng.randint(0, 25))]
+        cuts = sorted(rng.randint(0, len(rows)) for _ in range(batches - 1))
+        split = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
+        if not together:
+            split = [[] for _ in range(rng.randint(0, 2))] + split  # this stream starts later
+        data[name] = split
+    return names, data, rng.random() < 0.5
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_micro_batches_give_the_batch_join_and_spark_joins(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    names, data, second_key = random_case(seed)
+    for name, batches in data.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT", batches)
+    schema = lambda n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT"  # noqa: E731
+
+    def query(read: Any) -> DataFrame:
+        frames = {n: read(n) for n in names}
+        joined = star(frames, names)
+        if second_key:  # a second join key (another key class) and a condition that is not an equi-join
+            joined = joined.where((F.col(f"{names[0]}_j") == F.col(f"{names[1]}_j")) & (F.col(f"{names[-1]}_v") > F.col(f"{names[0]}_v") - 60))
+        return joined
+
+    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if seed % 2 else {})}
+    with temporary_conf(spark, settings):
+        on, running = run_to_end(query(lambda n: stream(spark, tmp_path / n, schema(n))), f"umjoin_on_{seed}", tmp_path / "ck-on")
+        plan = executed_plan(running)
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            off, _ = run_to_end(query(lambda n: stream(spark, tmp_path / n, schema(n))), f"umjoin_off_{seed}", tmp_path / "ck-off")
+            batch = sorted(tuple(r) for r in query(lambda n: spark.read.parquet(str(tmp_path / n))).collect())
+    assert "StreamingUMJoin " in plan and "StreamingSymmetricHashJoin" not in plan
+    assert on == batch == off
+
+
+def test_state_of_each_input_is_reported_in_progress(spark: SparkSession, tmp_path: Path) -> None:
+    rng = random.Random(3)
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", [[(rng.randrange(5), i) for i in range(10)] for _ in range(3)])
+    frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in "xyz"}
+    _, query = run_to_end(star(frames, "xyz"), "umjoin_progress", tmp_path / "ck")
+    last = query.lastProgress["stateOperators"]
+    (umjoin,) = [op for op in last if op["operatorName"] == "umJoin"]
+    per_input = [umjoin["customMetrics"][f"stateRowsInput{i}"] for i in range(3)]
+    assert per_input == [30, 30, 30]  # every row of every input, and no intermediate result
+    assert umjoin["numRowsTotal"] == sum(per_input)
+    assert all(umjoin["customMetrics"][f"stateBytesInput{i}"] > 0 for i in range(3))
+
+
+def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_path: Path) -> None:
+    """Stop a running query mid-stream, restart it from its checkpoint: the file sink holds every row once."""
+    rng = random.Random(11)
+    data = {n: [[(rng.randrange(6), rng.randrange(1000)) for _ in range(8)] for _ in range(6)] for n in "xyz"}
+    for name, batches in data.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches[:4])
+
+    def start() -> StreamingQuery:
+        frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in "xyz"}
+        return (star(frames, "xyz").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds").start())
+
+    running = start()
+    deadline = time.time() + 120
+    while (running.lastProgress or {}).get("batchId", -1) < 1 and time.time() < deadline:
+        time.sleep(0.1)
+    running.stop()  # mid-stream: files of batches 2-3 may not have been read yet
+    for name, batches in data.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches[4:])
+    restarted = start()
+    restarted.processAllAvailable()
+    plan = executed_plan(restarted)
+    restarted.stop()
+
+    written = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        tables = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
+        expected = sorted(tuple(r) for r in star(tables, "xyz").collect())
+    assert "StreamingUMJoin " in plan
+    assert written == expected and len(expected) > 0
+
+
+def event_time_data(tmp_path: Path) -> None:
+    """Three streams whose event times advance 10 minutes a batch; a few rows arrive a day late."""
+    rng = random.Random(7)
+    base = datetime.datetime(2026, 1, 1)
+    for name in "xyz":
+        batches = []
+        for b in range(8):
+            rows = []
+            for _ in range(rng.randint(5, 15)):
+                at = base + datetime.timedelta(minutes=10 * b + rng.randint(0, 9))
+                if b > 2 and rng.random() < 0.1:
+                    at = base - datetime.timedelta(days=1)
+                rows.append((rng.randrange(6), at, rng.randrange(1000)))
+            batches.append(rows)
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT", batches)
+
+
+def time_bounded_join(spark: SparkSession, tmp_path: Path) -> DataFrame:
+    """y and z within 5 minutes of x; Spark needs one event-time column per join side, so y's is dropped."""
+    frames = {
+        n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_ts TIMESTAMP, {n}_v BIGINT").withWatermark(f"{n}_ts", "15 minutes")
+        for n in "xyz"
+    }
+    x, y, z = frames["x"], frames["y"], frames["z"]
+    near = lambda a, b: a.between(b - F.expr("interval 5 minutes"), b + F.expr("interval 5 minutes"))  # noqa: E731
+    return (x.join(y, (x.x_k == y.y_k) & near(y.y_ts, x.x_ts)).select("x_k", "x_ts", "x_v", "y_k", "y_v")
+            .join(z, (F.col("y_k") == z.z_k) & near(z.z_ts, F.col("x_ts"))))
+
+
+@pytest.mark.parametrize("provider", ["hdfs", "rocksdb"])
+def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSession, tmp_path: Path, provider: str) -> None:
+    event_time_data(tmp_path)
+    with temporary_conf(spark, ROCKSDB if provider == "rocksdb" else {}):
+        on, umjoin = run_to_end(time_bounded_join(spark, tmp_path), f"wm_on_{provider}", tmp_path / "ck-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            off, spark_joins = run_to_end(time_bounded_join(spark, tmp_path), f"wm_off_{provider}", tmp_path / "ck-off")
+
+    def totals(query: StreamingQuery, key: str) -> list[int]:
+        return [sum(op[key] for op in p["stateOperators"]) for p in query.recentProgress]
+
+    assert "StreamingUMJoin " in executed_plan(umjoin)
+    assert on == off and len(on) > 0
+    assert sum(totals(umjoin, "numRowsDroppedByWatermark")) == sum(totals(spark_joins, "numRowsDroppedByWatermark")) > 0
+    state = totals(umjoin, "numRowsTotal")
+    assert sum(totals(umjoin, "numRowsRemoved")) > 0 and state[-1] < max(state)  # expired rows were evicted
+    assert state[-1] <= totals(spark_joins, "numRowsTotal")[-1]  # and no intermediate results are kept
+
+
+def test_streams_without_a_common_key_keep_spark_joins(spark: SparkSession, tmp_path: Path) -> None:
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_a BIGINT, {name}_b BIGINT", [[(i % 4, i % 3) for i in range(12)]] * 2)
+    frames = {n: stream(spark, tmp_path / n, f"{n}_a BIGINT, {n}_b BIGINT") for n in "xyz"}
+    x, y, z = frames["x"], frames["y"], frames["z"]
+    rows, query = run_to_end(x.join(y, x.x_a == y.y_a).join(z, y.y_b == z.z_b), "no_common_key", tmp_path / "ck")
+    plan = executed_plan(query)
+    assert "StreamingSymmetricHashJoin" in plan and "StreamingUMJoin" not in plan
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        t = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
+        assert rows == sorted(tuple(r) for r in t["x"].join(t["y"], t["x"].x_a == t["y"].y_a).join(t["z"], t["y"].y_b == t["z"].z_b).collect())
+
+
+def test_state_ttl_bounds_state_and_changes_results(spark: SparkSession, tmp_path: Path) -> None:
+    """With a TTL shorter than a batch, rows only meet rows of their own batch (documented: TTL changes results)."""
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", [[(1, b * 10 + i) for i in range(2)] for b in range(3)])
+    frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in "xyz"}
+    with temporary_conf(spark, {"spark.umjoin.stateTtl": "1ms"}):
+        rows, query = run_to_end(star(frames, "xyz"), "ttl", tmp_path / "ck")
+    assert len(rows) == 3 * 2**3  # per batch: 2 rows of each stream with key 1; nothing across batches
+    assert all(r[1] // 10 == r[3] // 10 == r[5] // 10 for r in rows)
+    # Only the last batch's rows remain (2 per stream): earlier ones expired before each batch probed.
+    (umjoin,) = [op for op in query.lastProgress["stateOperators"] if op["operatorName"] == "umJoin"]
+    assert umjoin["numRowsTotal"] == 6 and umjoin["numRowsRemoved"] == 6
+
+
+@pytest.mark.parametrize(("value", "message"), [("forever", "a positive duration such as 30s, 10m or 2h"), ("-1s", "a positive duration")])
+def test_invalid_state_ttl_fails_with_a_clear_error(spark: SparkSession, tmp_path: Path, value: str, message: str) -> None:
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,)]])
+    frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT") for n in "xyz"}
+    with temporary_conf(spark, {"spark.umjoin.stateTtl": value}):
+        with pytest.raises(Exception) as failure:
+            run_to_end(star(frames, "xyz"), f"bad_ttl_{len(value)}", tmp_path / "ck")
+    assert "spark.umjoin.stateTtl" in str(failure.value) and message in str(failure.value)
+
+
+@pytest.mark.parametrize("first", ["false", "true"])
+def test_checkpoint_of_the_other_join_operator_is_refused_clearly(spark: SparkSession, tmp_path: Path, first: str) -> None:
+    """A checkpoint keeps the state layout it was written with: restarting with UMJoin toggled names the problem."""
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,), (2,)]])
+
+    def run_once() -> None:
+        frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT") for n in "xyz"}
+        query = (star(frames, "xyz").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    with temporary_conf(spark, {"spark.umjoin.enabled": first}):
+        run_once()
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,)]])
+    with temporary_conf(spark, {"spark.umjoin.enabled": "true" if first == "false" else "false"}):
+        with pytest.raises(Exception) as failure:
+            run_once()
+    expected = "written without UMJoin; UMJoin cannot continue it" if first == "false" else "holds StreamingUMJoin state for operator"
+    assert expected in str(failure.value)
