@@ -87,6 +87,8 @@ def test_broken_rules_name_the_file_and_the_problem(spark: SparkSession, text: s
 
 def test_repository_rules_parse(spark: SparkSession) -> None:
     _parse_rules(spark, (REPO_RULES / "batch.yaml").read_text())
+    jvm = spark._jvm
+    jvm.umjoin.spark.tsc.MemberPatterns.parse("streaming.yaml", (REPO_RULES / "streaming.yaml").read_text(), jvm.umjoin.spark.planning.PhysicalPatterns.vocabulary())
 
 
 def _session_outcome(rules_dir: Path, query: str = "SELECT 1") -> subprocess.CompletedProcess[str]:
@@ -118,14 +120,16 @@ def test_broken_rules_file_fails_at_session_start(tmp_path: Path) -> None:
 
 
 def test_missing_rules_file_fails_at_session_start(tmp_path: Path) -> None:
+    (tmp_path / "batch.yaml").write_text((REPO_RULES / "batch.yaml").read_text())
     outcome = _session_outcome(tmp_path)
     assert outcome.returncode == 3, outcome.stdout + outcome.stderr
-    assert f"UMJoin rules file {tmp_path / 'batch.yaml'} is missing" in outcome.stdout
+    assert f"UMJoin rules file {tmp_path / 'streaming.yaml'} is missing" in outcome.stdout
 
 
 def test_rules_dir_replaces_the_built_in_rules(tmp_path: Path) -> None:
     """Rules that admit only cross joins leave TPC-H Q5's inner joins to Spark."""
     (tmp_path / "batch.yaml").write_text("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {joinType: [Cross]}\n")
+    (tmp_path / "streaming.yaml").write_text((REPO_RULES / "streaming.yaml").read_text())
     outcome = _session_outcome(tmp_path, tpch.query_text(5))
     assert outcome.returncode == 0, outcome.stdout + outcome.stderr
     assert "BroadcastHashJoin" in outcome.stdout and "UMJoin" not in outcome.stdout

@@ -1,4 +1,4 @@
-"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory."""
+"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming."""
 
 from __future__ import annotations
 
@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
     memory.add_argument("--repetitions", type=int, default=2, help="measured runs per setting (default 2)")
     memory.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
+
+    streaming = commands.add_parser("bench-streaming", help="the 4-way TPC-DS join as streams: UMJoin vs Spark's stream-stream joins")
+    streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
+    streaming.add_argument("--batches", type=int, default=20, help="micro-batches the streams are cut into (default 20)")
+    streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     return parser
 
 
@@ -110,6 +115,11 @@ def _run(args: argparse.Namespace) -> int:
         spark = local_builder("umjoin-demo").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return 0 if run_demo(spark, args.query, args.sf) else 1
+    if args.command == "bench-streaming":
+        from umjoin.bench_streaming import run_streaming_bench
+
+        run_streaming_bench(args.sf, args.batches, args.out)
+        return 0
     if args.command == "bench-memory":
         from umjoin.bench_memory import run_memory_bench
 
