@@ -5,6 +5,7 @@ import java.io.File
 import org.apache.spark.network.util.JavaUtils
 import org.apache.spark.sql.internal.SQLConf
 
+import umjoin.spark.order.{ProbeOrderPolicy, ProbeOrderSettings, Smoothing}
 import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
 
 /**
@@ -12,7 +13,7 @@ import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
  * planning, so `spark.conf.set` takes effect at the next query; an invalid value fails that query
  * with a message naming the key, the value and what is accepted.
  */
-final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings, stateTtlMs: Option[Long])
+final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings, stateTtlMs: Option[Long], probeOrder: ProbeOrderSettings)
 
 object UMJoinConf {
   val Enabled = "spark.umjoin.enabled"
@@ -24,6 +25,16 @@ object UMJoinConf {
   val LocalDir = "spark.umjoin.rocksdb.localDir"
   val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
   val StateTtl = "spark.umjoin.stateTtl"
+  val ProbeOrderKey = "spark.umjoin.probeOrder"
+  val CycleRows = "spark.umjoin.dpPick.cycleRows"
+  val Period = "spark.umjoin.dpPick.period"
+  val History = "spark.umjoin.dpPick.history"
+  val SmoothingKey = "spark.umjoin.dpPick.smoothing"
+  val Alpha = "spark.umjoin.dpPick.alpha"
+  val Beta = "spark.umjoin.dpPick.beta"
+  val Damping = "spark.umjoin.dpPick.damping"
+  val QueryCost = "spark.umjoin.dpPick.queryCost"
+  val MatchCost = "spark.umjoin.dpPick.matchCost"
   /** Static (read when the session starts): a directory of member-pattern files replacing the built-in rules. */
   val RulesDir = "spark.umjoin.rulesDir"
 
@@ -42,8 +53,29 @@ object UMJoinConf {
       enabled = parseBoolean(Enabled, conf.getConfString(Enabled, "true")),
       minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2),
       stores = stores,
-      stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)))
+      stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)),
+      probeOrder = probeOrderSettings(conf))
   }
+
+  private def probeOrderSettings(conf: SQLConf): ProbeOrderSettings = {
+    val name = conf.getConfString(ProbeOrderKey, "fixed").trim
+    val policy = ProbeOrderPolicy.byName.getOrElse(name,
+      throw invalid(ProbeOrderKey, name, ProbeOrderPolicy.byName.keys.toSeq.sorted.mkString(" or ")))
+    def fraction(key: String, default: String): Double = parseDouble(key, conf.getConfString(key, default), 0.0, 1.0)
+    ProbeOrderSettings(
+      policy = policy,
+      cycleRows = parseInt(CycleRows, conf.getConfString(CycleRows, "10000"), min = 1).toLong,
+      periodMs = parseDuration(Period, conf.getConfString(Period, "1s")),
+      history = parseInt(History, conf.getConfString(History, "20"), min = 1),
+      smoothing = Option.when(parseBoolean(SmoothingKey, conf.getConfString(SmoothingKey, "true")))(
+        Smoothing(fraction(Alpha, "0.5"), fraction(Beta, "0.3"), fraction(Damping, "0.9"))),
+      alphaQuery = parseDouble(QueryCost, conf.getConfString(QueryCost, "1.0"), 0.0, Double.MaxValue),
+      alphaMatch = parseDouble(MatchCost, conf.getConfString(MatchCost, "1.0"), 0.0, Double.MaxValue))
+  }
+
+  private def parseDouble(key: String, value: String, min: Double, max: Double): Double =
+    value.trim.toDoubleOption.filter(v => v >= min && v <= max)
+      .getOrElse(throw invalid(key, value, if (max == Double.MaxValue) s"a number >= $min" else s"a number from $min to $max"))
 
   private def parseSize(key: String, value: String, min: Long): Long = {
     val bytes = try Some(JavaUtils.byteStringAsBytes(value.trim)) catch { case _: NumberFormatException => None }

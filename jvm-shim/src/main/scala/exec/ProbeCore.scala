@@ -2,51 +2,97 @@ package umjoin.spark.exec
 
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{BasePredicate, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, JoinedRow, Predicate, UnsafeProjection}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
+import umjoin.spark.order.ProbeCounters
+import umjoin.spark.planning.RoutePlan
 import umjoin.spark.state.JoinStore
 
 /** Counters of one input, shown as SQL metrics of the UMJoin node. */
 final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric)
 
 /**
- * One step of the probe order after the streamed input: the store probed, the key computed from
- * the rows bound so far, and the conditions checked once this input's row is bound (null: none).
+ * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
+ * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
+ * none), and `from`, the route's edge source the statistics are kept for.
  */
-final class ProbeStep(val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate, val metrics: InputMetrics)
+final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate, val metrics: InputMetrics)
+
+/** A route ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
+final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: BasePredicate, val output: UnsafeProjection)
+
+object CompiledRoute {
+
+  /**
+   * Compiles a route's steps within a task. `storeOf(input, keyClass)` is the store probed through
+   * that class; `keyed` turns a probe key into the form the stores are keyed by.
+   */
+  def apply(
+      plan: RoutePlan,
+      outputs: Seq[Seq[Attribute]],
+      result: Seq[Attribute],
+      storeOf: (Int, Int) => JoinStore,
+      keyed: Expression => Expression,
+      metrics: Seq[InputMetrics],
+      partition: Int): CompiledRoute = {
+    val order = plan.route.order
+    // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are.
+    val prefixes = order.indices.map(p => order.take(p + 1).flatMap(outputs))
+    def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate = conditions.reduceOption(And).map { c =>
+      val p = Predicate.create(c, attrs)
+      p.initialize(partition)
+      p
+    }.orNull
+    val steps = plan.steps.zipWithIndex.map { case (step, s) =>
+      new ProbeStep(step.input, step.from, storeOf(step.input, step.keyClass),
+        UnsafeProjection.create(Seq(keyed(step.probeKey)), prefixes(s)), predicate(step.conditions, prefixes(s + 1)), metrics(step.input))
+    }.toArray
+    new CompiledRoute(steps, predicate(plan.startConditions, outputs(order.head)), UnsafeProjection.create(result, prefixes.last))
+  }
+}
+
+/** Chooses the route again now and then, within a task (the adaptive probe-order policies in batch). */
+trait Rerouting {
+  /** Streamed rows between two choices. */
+  def cycleRows: Long
+  /** The route for the next cycle, if it changed. */
+  def next(): Option[CompiledRoute]
+}
 
 /**
  * Iterative probing (paper 000, 3.1.1): each streamed row probes the stores in probe order; every
  * match is joined to the rows bound so far and probes the next store; a probe without a match ends
- * that branch at once (early termination). Emits `output` of every complete combination, lazily.
- *
- * @param streamedCondition conditions on the streamed row alone (null: none)
- * @param output            projects the rows bound in probe order (joined left to right) to the output
- * @param context           the task, checked now and then so a cancelled query stops probing
+ * that branch at once (early termination). Emits the output of every complete combination, lazily.
+ * With `statistics`, every probe's outcome is counted (for the adaptive probe-order policies).
+ * With `rerouting`, the route may change every cycle, always between two streamed rows: a row's
+ * combinations all come from one route, and every route computes the same join.
  */
 final class ProbeCore(
-    steps: Array[ProbeStep],
-    streamedCondition: BasePredicate,
+    initial: CompiledRoute,
     streamedMetrics: InputMetrics,
-    output: UnsafeProjection,
     numOutputRows: SQLMetric,
-    context: TaskContext) {
+    context: TaskContext,
+    statistics: Option[ProbeCounters] = None,
+    rerouting: Option[Rerouting] = None) {
 
   def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
-    if (steps.exists(_.store.isEmpty)) Iterator.empty else new Combinations(streamed)
+    if (initial.steps.exists(_.store.isEmpty)) Iterator.empty else new Combinations(streamed)
 
   private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
-    private val depth = steps.length
+    private var route = initial
+    private val depth = route.steps.length
     // bound(k): the rows bound through step k, joined; bound(0) is the streamed row alone.
     private val bound = new Array[InternalRow](depth + 1)
     private val joined = Array.fill(depth)(new JoinedRow)
     private val candidates = new Array[Iterator[InternalRow]](depth)
-    private val matchedAny = new Array[Boolean](depth)
+    private val found = new Array[Long](depth)
     // The step whose candidates are tried next; -1: take the next streamed row.
     private var level = -1
     private var ready = false
     private var work = 0L
+    private var rowsInCycle = 0L
+    private val counters = statistics.orNull
 
     override def hasNext: Boolean = ready || advance()
 
@@ -54,7 +100,7 @@ final class ProbeCore(
       if (!hasNext) throw new NoSuchElementException("no more UMJoin rows")
       ready = false
       numOutputRows += 1
-      output(bound(depth))
+      route.output(bound(depth))
     }
 
     /** Finds the next complete combination; false when the streamed input is exhausted. */
@@ -64,9 +110,16 @@ final class ProbeCore(
         if ((work & 0xfff) == 0 && context.isInterrupted()) throw new TaskKilledException("UMJoin task cancelled")
         if (level < 0) {
           if (!streamed.hasNext) return false
+          rerouting.foreach { r =>
+            rowsInCycle += 1
+            if (rowsInCycle > r.cycleRows) {
+              rowsInCycle = 1
+              r.next().foreach(route = _)
+            }
+          }
           val row = streamed.next()
           streamedMetrics.rowsIn += 1
-          if (streamedCondition == null || streamedCondition.eval(row)) {
+          if (route.streamedCondition == null || route.streamedCondition.eval(row)) {
             bound(0) = row
             probe(0)
             level = 0
@@ -79,7 +132,9 @@ final class ProbeCore(
           level += 1
           probe(level)
         } else {
-          if (!matchedAny(level)) steps(level).metrics.earlyStops += 1
+          val step = route.steps(level)
+          if (found(level) == 0) step.metrics.earlyStops += 1
+          if (counters != null) counters.record(step.from, step.input, found(level))
           level -= 1
         }
       }
@@ -88,21 +143,21 @@ final class ProbeCore(
 
     /** Starts step k: probes its store with the key of the rows bound so far. */
     private def probe(k: Int): Unit = {
-      val step = steps(k)
+      val step = route.steps(k)
       step.metrics.probes += 1
       val key = step.probeKey(bound(k))
       candidates(k) = if (key.anyNull) Iterator.empty else step.store.get(key)
-      matchedAny(k) = false
+      found(k) = 0
     }
 
     /** Binds the next stored row of step k that satisfies its conditions. */
     private def nextMatch(k: Int): Boolean = {
-      val step = steps(k)
+      val step = route.steps(k)
       while (candidates(k).hasNext) {
         val row = joined(k)(bound(k), candidates(k).next())
         if (step.condition == null || step.condition.eval(row)) {
           step.metrics.matches += 1
-          matchedAny(k) = true
+          found(k) += 1
           bound(k + 1) = row
           return true
         }

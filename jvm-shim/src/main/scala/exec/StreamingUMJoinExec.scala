@@ -8,7 +8,7 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.SparkPlan
@@ -16,6 +16,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOper
 import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateSchemaValidationResult, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
+import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
+import umjoin.spark.planning.{JoinGraph, KeyClass, ProbeSteps, ResidualCondition}
 import umjoin.spark.state.JoinStore
 
 /**
@@ -30,8 +32,12 @@ import umjoin.spark.state.JoinStore
  * exactly once, by whichever of its rows arrived last (in batch, then input order). Then expired rows
  * are evicted and every store is committed.
  *
- * @param probeOrders per input, the order in which its new rows probe the other stores
- * @param conditions  per input and step of its probe order, the conditions checked once that row is bound
+ * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
+ * [[UMJoinExec]]; `sharedClass` is the class every input takes part in, the stores' key. Any order of
+ * the inputs is a valid probe route, each step probing by that key. With an adaptive `probeOrder`,
+ * the tasks count every probe's outcome and the driver chooses the routes again between
+ * micro-batches ([[StreamingRoutes]]), so the statistics carry over from one batch to the next.
+ *
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
  * @param evictable   per input, its stored rows no future row can join any more
  * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
@@ -41,8 +47,12 @@ case class StreamingUMJoinExec(
     output: Seq[Attribute],
     inputLabels: Seq[String],
     keys: Seq[Expression],
-    probeOrders: Seq[Seq[Int]],
-    conditions: Seq[Seq[Seq[Expression]]],
+    classInputs: Seq[Seq[Int]],
+    classKeys: Seq[Seq[Expression]],
+    residuals: Seq[Expression],
+    residualInputs: Seq[Seq[Int]],
+    sharedClass: Int,
+    probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     stateTtlMs: Option[Long],
@@ -54,6 +64,10 @@ case class StreamingUMJoinExec(
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = children.indices.map(StreamingUMJoinExec.storeName)
 
+  private def joinGraph: JoinGraph = JoinGraph(children.size,
+    classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
+    residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
+
   override def requiredChildDistribution: Seq[Distribution] =
     keys.map(k => StatefulOpClusteredDistribution(Seq(k), getStateInfo.numPartitions))
 
@@ -64,7 +78,8 @@ case class StreamingUMJoinExec(
   override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
 
   /** Per input: its state (rows, bytes) and its probes; they show in the query's progress too. */
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = children.indices.flatMap { i =>
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
+    StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch") +: children.indices.flatMap { i =>
     val name = s"input #$i ${inputLabels(i)}"
     Seq(
       StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
@@ -90,7 +105,16 @@ case class StreamingUMJoinExec(
     val n = children.size
     val outputs = children.map(_.output)
     val allMetrics = children.indices.map(inputMetrics)
-    val (keyExprs, orders, conds, late, expire, ttl, resultAttrs) = (keys, probeOrders, conditions, lateRows, evictable, stateTtlMs, output)
+    val (keyExprs, graph, shared, late, expire, ttl, resultAttrs) = (keys, joinGraph, sharedClass, lateRows, evictable, stateTtlMs, output)
+    // The routes of this batch, chosen from the statistics of the batches before it.
+    val (routes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, ProbeSteps.graph(graph), probeOrder, StoreStructure.Sorted, info.numPartitions)
+    longMetric("probeRouteChanges") += changed
+    val statistics = Option.when(probeOrder.adaptive) {
+      val accumulator = new ProbeCountersAccumulator(n)
+      sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
+      StreamingRoutes.collect(info.queryRunId, info.operatorId, accumulator)
+      accumulator
+    }
     val numOutputRows = longMetric("numOutputRows")
     val numDropped = longMetric("numRowsDroppedByWatermark")
     val numUpdated = longMetric("numUpdatedStateRows")
@@ -113,6 +137,7 @@ case class StreamingUMJoinExec(
       val entryKey = new GenericInternalRow(3)
       val toKeyRow = UnsafeProjection.create(StreamingUMJoinExec.keySchema(keyExprs.head).map(_.dataType).toArray)
       var sequence = info.storeVersion << 32
+      val counters = statistics.map(_ => new ProbeCounters(n))
 
       def predicate(expr: Option[Expression], attrs: Seq[Attribute]): Option[BasePredicate] = expr.map { e =>
         val p = Predicate.create(e, attrs)
@@ -151,13 +176,9 @@ case class StreamingUMJoinExec(
           }
           row
         }
-        val order = orders(s)
-        val prefixes = order.indices.map(p => order.take(p + 1).flatMap(outputs))
-        def conditionAt(step: Int): BasePredicate = predicate(conds(s)(step).reduceOption(And), prefixes(step)).orNull
-        val steps = order.indices.tail.map { p =>
-          new ProbeStep(joinStores(order(p)), UnsafeProjection.create(Seq(keyExprs(s)), prefixes(p - 1)), conditionAt(p), allMetrics(order(p)))
-        }.toArray
-        val core = new ProbeCore(steps, conditionAt(0), allMetrics(s), UnsafeProjection.create(resultAttrs, prefixes.last), numOutputRows, context)
+        val route = CompiledRoute(ProbeSteps.along(graph, routes(s), _ => Set(shared)), outputs, resultAttrs,
+          (input, _) => joinStores(input), identity, allMetrics, context.partitionId())
+        val core = new ProbeCore(route, allMetrics(s), numOutputRows, context, counters)
         // Rows the probe did not pull (nothing to probe) must still be stored.
         core.join(fresh) ++ new Iterator[InternalRow] {
           override def hasNext: Boolean = { fresh.foreach(_ => ()); false }
@@ -179,7 +200,9 @@ case class StreamingUMJoinExec(
             self.setStoreMetrics(stores(i), false)
             allMetrics(i).storeSize += stores(i).metrics.memoryUsedBytes
             stateRows(i) += stores(i).metrics.numKeys
+            counters.foreach(_.stored(i) = stores(i).metrics.numKeys)
           }
+          statistics.foreach(accumulator => counters.foreach(accumulator.add))
           self.setOperatorMetrics(n)
         }
       }
@@ -188,8 +211,11 @@ case class StreamingUMJoinExec(
 
   override def simpleString(maxFields: Int): String = {
     val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (key ${keys(i)})").mkString(", ")
-    val orders = probeOrders.map(_.map(i => s"#$i").mkString(" -> ")).mkString("; ")
-    s"$nodeName inputs=[$inputs], probeOrders=[$orders], operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+    val conditions = joinGraph.residuals.map(_.condition) ++ joinGraph.classes.indices.filter(_ != sharedClass).map { c =>
+      joinGraph.classes(c).members.map(_._2).mkString(" = ")
+    }
+    val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
+    s"$nodeName inputs=[$inputs]$conditionText, probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
   }
 
   override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
@@ -208,6 +234,7 @@ object StreamingUMJoinExec {
 private final class StateJoinStore(store: StateStore) extends JoinStore {
   override def get(key: UnsafeRow): Iterator[InternalRow] = store.prefixScan(key).map(_.value)
   override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
+  override def keyCount: Long = store.metrics.numKeys
   override def sizeInBytes: Long = store.metrics.memoryUsedBytes
   override def close(): Unit = ()
 }

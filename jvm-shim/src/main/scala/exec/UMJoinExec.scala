@@ -2,49 +2,59 @@ package umjoin.spark.exec
 
 import org.json4s.JsonAST._
 
+import org.apache.spark.internal.Logging
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BasePredicate, BindReferences, Expression, Predicate, UnsafeProjection}
-import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, ClusteredDistribution, Distribution, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, BindReferences, Cast, Expression}
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
 import org.apache.spark.sql.execution.SparkPlan
-import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
-import org.apache.spark.sql.execution.umjoin.InMemoryStore
+import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
-import umjoin.spark.state.{JoinStores, StoreMetrics}
+import umjoin.spark.order.{ProbeCounters, ProbeGraph, ProbeOrderSettings, ProbeRoute, StatisticsHistory, StoreStructure}
+import umjoin.spark.planning.{JoinGraph, KeyClass, ProbeSteps, ResidualCondition, RoutePlan}
+import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
 
 /**
- * The batch UMJoin: one multi-way inner join over `children` (the inputs of a TSC group).
- * Every input but the streamed one (head of `probeOrder`) is kept in a store indexed by
- * `storeKeys`; broadcast inputs' stores are built once by Spark's broadcast exchange, partitioned
- * ones per task from the input's partition, with `spark.umjoin.stateBackend` (memory, RocksDB, or
- * memory moving to RocksDB). Each streamed row then probes the stores in probe order (see
- * [[ProbeCore]]). The streamed input, usually the largest, is never stored.
+ * The batch UMJoin: one multi-way inner join over `children` (the inputs of a TSC group). The join
+ * is its key classes (`classInputs(c)` take part in class c with `classKeys(c)`) and residual
+ * conditions. Every input but the streamed one (`route.start`) is kept in stores, one per key class
+ * in `indexes`, in stores of `spark.umjoin.stateBackend` that live as long as the task: a
+ * partitioned input's partition, or a broadcast input's rows (broadcast once, indexed per task). Each streamed row then
+ * probes the stores along the route (see [[ProbeCore]]); with an adaptive `probeOrder` the route is
+ * chosen again every cycle from the statistics of the probes so far.
  *
  * @param inputLabels   what each input reads (table names), for plans people read
- * @param probeKeys     per input, the key computed from the inputs before it in probe order
- * @param conditions    per input, the conditions checked as soon as its row is bound
  * @param broadcast     per input, whether every task gets all of it
  * @param partitionKeys per input, the key it is hash-partitioned on (one key class for all)
  */
 case class UMJoinExec(
     output: Seq[Attribute],
     inputLabels: Seq[String],
-    probeOrder: Seq[Int],
-    storeKeys: Seq[Seq[Expression]],
-    probeKeys: Seq[Seq[Expression]],
-    conditions: Seq[Seq[Expression]],
+    classInputs: Seq[Seq[Int]],
+    classKeys: Seq[Seq[Expression]],
+    residuals: Seq[Expression],
+    residualInputs: Seq[Seq[Int]],
+    indexes: Seq[Seq[Int]],
+    route: ProbeRoute,
+    probeOrder: ProbeOrderSettings,
     broadcast: Seq[Boolean],
     partitionKeys: Seq[Option[Expression]],
-    children: Seq[SparkPlan]) extends SparkPlan {
+    children: Seq[SparkPlan]) extends SparkPlan with Logging {
 
   override def nodeName: String = "UMJoin"
 
-  private def streamed: Int = probeOrder.head
+  private def streamed: Int = route.start
+
+  private def joinGraph: JoinGraph = JoinGraph(children.size,
+    classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
+    residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
+
+  private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, i => indexes(i).toSet)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { i =>
-    if (broadcast(i)) UMJoinExec.broadcastDistribution(storeKeys(i), children(i).output)
+    if (broadcast(i)) UMJoinExec.broadcastDistribution
     else partitionKeys(i).map(k => ClusteredDistribution(Seq(k))).getOrElse(UnspecifiedDistribution)
   }
 
@@ -64,7 +74,8 @@ case class UMJoinExec(
   }
 
   override lazy val metrics: Map[String, SQLMetric] =
-    Map("numOutputRows" -> SQLMetrics.createMetric(sparkContext, "number of output rows")) ++
+    Map("numOutputRows" -> SQLMetrics.createMetric(sparkContext, "number of output rows"),
+      "routeChanges" -> SQLMetrics.createMetric(sparkContext, "probe route changes")) ++
       children.indices.flatMap { i =>
         val name = s"input #$i ${inputLabels(i)}"
         Seq(
@@ -89,45 +100,37 @@ case class UMJoinExec(
     metrics(s"in${i}CacheMisses"), metrics(s"in${i}Spills"))
 
   override protected def doExecute(): RDD[InternalRow] = {
-    val n = children.size
     val stores = UMJoinConf.from(conf).stores
-    val broadcasts = children.indices.filter(broadcast).map(i => i -> InMemoryStore.broadcastOf(children(i))).toMap
+    val broadcasts = children.indices.filter(broadcast).map(i => i -> children(i).executeBroadcast[Array[InternalRow]]()).toMap
     val local = children.indices.filterNot(broadcast)
     // Everything the tasks need, copied out of the plan so the closure does not capture it.
-    val order = probeOrder
+    val (graph, indexed, start, settings, resultAttrs) = (joinGraph, indexes, route, probeOrder, output)
     val outputs = children.map(_.output)
-    val boundStoreKeys = children.indices.map(i => BindReferences.bindReferences(storeKeys(i), outputs(i)))
-    val prefixes = order.indices.map(p => order.take(p + 1).flatMap(outputs))
-    val keyExprs = probeKeys
-    val conds = conditions
-    val resultAttrs = output
     val allMetrics = children.indices.map(inputMetrics)
     val allStoreMetrics = children.indices.map(storeMetrics)
-    val numOutputRows = metrics("numOutputRows")
+    val (numOutputRows, routeChanges) = (metrics("numOutputRows"), metrics("routeChanges"))
+    val structure = if (stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
 
     new ZippedInputsRDD[InternalRow, InternalRow](local.map(children(_).execute()), { (context, iterators) =>
       val rowsOf = local.zip(iterators).toMap
-      def conditionAt(input: Int, attrs: Seq[Attribute]): BasePredicate =
-        if (conds(input).isEmpty) null
-        else {
-          val p = Predicate.create(conds(input).reduce(And), attrs)
-          p.initialize(context.partitionId())
-          p
-        }
-      val steps = order.indices.tail.map { p =>
-        val input = order(p)
-        val store = broadcasts.get(input) match {
-          case Some(b) => InMemoryStore.fromBroadcast(b)
-          case None =>
-            JoinStores.build(stores, countRows(rowsOf(input), allMetrics(input).rowsIn), boundStoreKeys(input),
-              outputs(input), input, context, allStoreMetrics(input))
-        }
-        allMetrics(input).storeSize += store.sizeInBytes
-        new ProbeStep(store, UnsafeProjection.create(keyExprs(input), prefixes(p - 1)), conditionAt(input, prefixes(p)), allMetrics(input))
-      }.toArray
-      val core = new ProbeCore(steps, conditionAt(order.head, outputs(order.head)), allMetrics(order.head),
-        UnsafeProjection.create(resultAttrs, prefixes(n - 1)), numOutputRows, context)
-      core.join(rowsOf(order.head))
+      // Per (input, key class): the store probed through that class.
+      val indexOf: Map[(Int, Int), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
+        val keys = indexed(i).map(c => Seq(UMJoinExec.hashable(BindReferences.bindReference(graph.classes(c).keyOf(i).get, outputs(i)))))
+        // A broadcast input is indexed by every task that probes it, in that task's memory (rows in: counted once, by the broadcast).
+        val rows = broadcasts.get(i).map(_.value.iterator).getOrElse(countRows(rowsOf(i), allMetrics(i).rowsIn))
+        val built = JoinStores.build(stores, rows, keys, outputs(i), i, context, allStoreMetrics(i))
+        built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
+        indexed(i).zip(built).map { case (c, store) => (i, c) -> store }
+      }.toMap
+
+      def compile(route: ProbeRoute): CompiledRoute = CompiledRoute(ProbeSteps.along(graph, route, i => indexed(i).toSet),
+        outputs, resultAttrs, (input, keyClass) => indexOf((input, keyClass)), UMJoinExec.hashable, allMetrics, context.partitionId())
+
+      val rerouting = Option.when(settings.adaptive) {
+        val keyCounts = (0 until graph.numInputs).map(i => indexOf.collectFirst { case ((`i`, _), store) => store.keyCount.toDouble }.getOrElse(0.0))
+        new AdaptiveRouting(settings, ProbeSteps.graph(graph), start, keyCounts, structure, compile, routeChanges)
+      }
+      new ProbeCore(compile(start), allMetrics(start.start), numOutputRows, context, rerouting.map(_.counters), rerouting).join(rowsOf(start.start))
     })
   }
 
@@ -136,34 +139,40 @@ case class UMJoinExec(
 
   override def simpleString(maxFields: Int): String = {
     val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", ")
-    val order = probeOrder.map(i => s"#$i").mkString(" -> ")
-    val conds = if (conditions.forall(_.isEmpty)) "" else s", conditions=[${conditionText(maxFields)}]"
-    s"$nodeName inputs=[$inputs], joinKeys=[${joinKeyText(maxFields)}], probeOrder=[$order]$conds"
+    val order = route.order.map(i => s"#$i").mkString(" -> ")
+    val conds = if (allConditions.isEmpty) "" else s", conditions=[${conditionText(maxFields)}]"
+    val adaptive = if (probeOrder.adaptive) s", adaptive=${probeOrder.policy.name}" else ""
+    s"$nodeName inputs=[$inputs], joinKeys=[${joinKeyText(maxFields)}], probeOrder=[$order]$adaptive$conds"
   }
 
   override def verboseStringWithOperatorId(): String = {
     val lines = Seq(
       s"Inputs [${children.size}]: " + children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", "),
-      s"Probe order: ${probeOrder.map(i => s"#$i ${inputLabels(i)}").mkString(" -> ")}",
+      s"Probe order: ${route.order.map(i => s"#$i ${inputLabels(i)}").mkString(" -> ")}" +
+        (if (probeOrder.adaptive) s" (initial; ${probeOrder.policy.name} chooses again every ${probeOrder.cycleRows} rows)" else ""),
       s"Join keys: ${joinKeyText(Int.MaxValue)}") ++
-      (if (conditions.forall(_.isEmpty)) Nil else Seq(s"Conditions: ${conditionText(Int.MaxValue)}"))
+      (if (allConditions.isEmpty) Nil else Seq(s"Conditions: ${conditionText(Int.MaxValue)}"))
     (s"$formattedNodeName" +: lines).mkString("\n") + "\n"
   }
+
+  private def allConditions: Seq[Expression] = initialPlan.startConditions ++ initialPlan.steps.flatMap(_.conditions)
 
   /** The node as the Python side reads it (TreeNode.toJSON cannot render these fields itself). */
   override def jsonFields: List[JField] = List(
     "class" -> JString(getClass.getName),
     "num-children" -> JInt(children.length),
     "output" -> JArray(output.map(a => JString(a.toString)).toList),
-    "probeOrder" -> JArray(probeOrder.map(i => JInt(i)).toList),
+    "probeOrder" -> JArray(route.order.map(i => JInt(i)).toList),
+    "probeOrderPolicy" -> JString(probeOrder.policy.name),
     "inputs" -> JArray(children.indices.map { i =>
+      val step = initialPlan.steps.find(_.input == i)
       JObject(
         "label" -> JString(inputLabels(i)),
         "placement" -> JString(if (i == streamed) "streamed" else if (broadcast(i)) "broadcast" else "partitioned"),
         "partitionKey" -> partitionKeys(i).map(k => JString(k.toString)).getOrElse(JNull),
-        "storeKeys" -> JArray(storeKeys(i).map(e => JString(e.toString)).toList),
-        "probeKeys" -> JArray(probeKeys(i).map(e => JString(e.toString)).toList),
-        "conditions" -> JArray(conditions(i).map(e => JString(e.toString)).toList))
+        "storeKeys" -> JArray(step.map(s => JString(joinGraph.classes(s.keyClass).keyOf(i).get.toString)).toList),
+        "probeKeys" -> JArray(step.map(s => JString(s.probeKey.toString)).toList),
+        "conditions" -> JArray((if (i == streamed) initialPlan.startConditions else step.toSeq.flatMap(_.conditions)).map(e => JString(e.toString)).toList))
     }.toList))
 
   private def placement(i: Int): String =
@@ -172,20 +181,55 @@ case class UMJoinExec(
     else s"partitioned by ${partitionKeys(i).get}"
 
   private def joinKeyText(maxFields: Int): String =
-    probeOrder.tail.map { i =>
-      val pairs = storeKeys(i).zip(probeKeys(i)).map { case (s, p) => s"$s = $p" }
-      s"#$i: ${pairs.mkString(" AND ")}"
-    }.take(maxFields).mkString("; ")
+    initialPlan.steps.map(s => s"#${s.input}: ${joinGraph.classes(s.keyClass).keyOf(s.input).get} = ${s.probeKey}").take(maxFields).mkString("; ")
 
   private def conditionText(maxFields: Int): String =
-    probeOrder.filter(conditions(_).nonEmpty).map(i => s"#$i: ${conditions(i).mkString(" AND ")}").take(maxFields).mkString("; ")
+    ((if (initialPlan.startConditions.isEmpty) Nil else Seq(s"#$streamed: ${initialPlan.startConditions.mkString(" AND ")}")) ++
+      initialPlan.steps.filter(_.conditions.nonEmpty).map(s => s"#${s.input}: ${s.conditions.mkString(" AND ")}")).take(maxFields).mkString("; ")
 
   override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): UMJoinExec =
     copy(children = newChildren)
 }
 
 object UMJoinExec {
-  /** What a broadcast input must be delivered as: Spark's hashed relation on the input's store key. */
-  def broadcastDistribution(storeKeys: Seq[Expression], inputOutput: Seq[Attribute]): BroadcastDistribution =
-    BroadcastDistribution(HashedRelationBroadcastMode(BindReferences.bindReferences(storeKeys, inputOutput)))
+  /** Broadcast inputs travel as rows; each task indexes them by the keys its routes need. */
+  val broadcastDistribution: BroadcastDistribution = BroadcastDistribution(IdentityBroadcastMode)
+
+  /** A single integral key is hashed as a long, so Spark's dense long-keyed hash map serves it. */
+  def hashable(key: Expression): Expression =
+    if (Seq(IntegerType, ShortType, ByteType).contains(key.dataType)) Cast(key, LongType) else key
+}
+
+/**
+ * An adaptive probe order in a batch task: every cycle the counters of the probes become one
+ * cycle of statistics, the last cycles are forecast for the next, and the policy chooses the route
+ * again (paper 001, Algorithm 1); a different route is compiled and used from the next streamed row.
+ */
+final class AdaptiveRouting(
+    settings: ProbeOrderSettings,
+    graph: ProbeGraph,
+    private var current: ProbeRoute,
+    keyCounts: IndexedSeq[Double],
+    structure: StoreStructure,
+    compile: ProbeRoute => CompiledRoute,
+    changes: SQLMetric) extends Rerouting with Logging {
+
+  val counters: ProbeCounters = new ProbeCounters(graph.inputs)
+  private val history = new StatisticsHistory(settings.history)
+  override def cycleRows: Long = settings.cycleRows
+
+  override def next(): Option[CompiledRoute] = {
+    history.add(counters.cycle(keyCounts))
+    counters.reset()
+    val forecast = history.forecast(settings.smoothing)
+    val route = settings.policy.routes(graph, forecast, settings.costModel(structure), Seq(current.start))(current.start)
+    logDebug(s"UMJoin ${settings.policy.name}: route ${route.order.mkString("->")} (was ${current.order.mkString("->")}) " +
+      s"from gamma ${forecast.matchRate}, mu ${forecast.matchesPerSuccess}, kappa ${forecast.keys}")
+    if (route == current) None
+    else {
+      current = route
+      changes += 1
+      Some(compile(route))
+    }
+  }
 }

@@ -1,22 +1,144 @@
 package umjoin.spark.order
 
-import umjoin.spark.planning.JoinGraph
+import scala.collection.mutable
 
-/** Probe-order policies: the order in which a streamed row probes the other inputs' stores. */
+/**
+ * A probe sequence for the rows of one input (paper 001, the O[i] of Algorithm 1): each step is
+ * an edge from an input already bound to the store probed next; the edges cover every input.
+ */
+final case class ProbeRoute(start: Int, edges: Seq[(Int, Int)]) {
+  def order: Seq[Int] = start +: edges.map(_._2)
+}
+
+/** The join graph as the policies see it: which pairs of inputs share a join key (both directions). */
+final case class ProbeGraph(inputs: Int, edges: Seq[(Int, Int)]) {
+  def connected(from: Int, to: Int): Boolean = edges.contains((from, to))
+}
+
+/** How a store's query cost grows with its keys (paper 001, Eq. 5 and 6). */
+sealed trait StoreStructure
+
+object StoreStructure {
+  /** Eq. 5, f = c + kappa / 2m: a hash table (c = 1; m slots, kept at least twice the keys). */
+  case object Hash extends StoreStructure
+  /** Eq. 6, f = log(kappa): a sorted structure (RocksDB, the state stores). */
+  case object Sorted extends StoreStructure
+}
+
+/** Eq. 4-8: C(o_i) = alphaQuery * f(kappa_r) + gamma_r * (alphaMatch * mu_r + C(o_{i+1})), C(o_n) = 0. */
+final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: StoreStructure) {
+  def f(keys: Double): Double = structure match {
+    case StoreStructure.Hash => 1.0 + keys / (2 * math.max(64.0, 2 * keys))
+    case StoreStructure.Sorted => math.log(math.max(keys, 1.0))
+  }
+
+  /** The expected cost of one step along `edge` and everything after it (Eq. 8). */
+  def step(edge: (Int, Int), stats: CycleStatistics, rest: Double): Double = {
+    val (gamma, mu) = ProbeOrder.rateOf(edge, stats)
+    alphaQuery * f(stats.keys(edge._2)) + gamma * (alphaMatch * mu + rest)
+  }
+}
+
+/** The probe-order policies: given the graph and (forecast) statistics, a route for each start input. */
+sealed trait ProbeOrderPolicy {
+  /** The value of spark.umjoin.probeOrder that selects it. */
+  def name: String
+  def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute]
+}
+
+object ProbeOrderPolicy {
+
+  val byName: Map[String, ProbeOrderPolicy] =
+    Seq(Fixed, SelectivityFirst, Greedy, DpPick).map(p => p.name -> p).toMap
+
+  /** The plan's order: the leftmost input connected to those bound (statistics are not used). */
+  case object Fixed extends ProbeOrderPolicy {
+    override val name = "fixed"
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+      starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap
+  }
+
+  /** MJoin / GrubJoin: next, the store with the fewest expected rows per probe (gamma * mu). */
+  case object SelectivityFirst extends ProbeOrderPolicy {
+    override val name = "selectivityFirst"
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+      starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
+        val (gamma, mu) = ProbeOrder.rateOf((from, to), stats)
+        (gamma * mu, to.toDouble)
+      }).toMap
+  }
+
+  /** MultiStream: next, the step of least cost on its own (Eq. 8 without what follows). */
+  case object Greedy extends ProbeOrderPolicy {
+    override val name = "greedy"
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+      starts.map(s => s -> ProbeOrder.stepwise(graph, s)((from, to) => (cost.step((from, to), stats, 0.0), to.toDouble))).toMap
+  }
+
+  /** dpPick (Algorithm 3): of all sequences of the join graph, the one of least Eq. 8 cost per start. */
+  case object DpPick extends ProbeOrderPolicy {
+    override val name = "dpPick"
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+      ProbeOrder.dpPick(graph, stats, cost).collect { case (start, (route, _)) if starts.contains(start) => start -> route }
+  }
+}
+
 object ProbeOrder {
 
-  /**
-   * `fixed`: the plan's order. After the streamed input, the leftmost input (in the plan's input
-   * order, which follows Spark's join order) that shares a key class with the inputs already bound.
-   * Requires a connected join graph, so every step probes by a key.
-   */
-  def fixed(graph: JoinGraph, streamed: Int): Seq[Int] = {
-    require(graph.isConnected, "probe order needs a connected join graph")
-    val order = scala.collection.mutable.ArrayBuffer(streamed)
-    while (order.size < graph.numInputs) {
-      val bound = order.toSet
-      order += (0 until graph.numInputs).find(i => !bound.contains(i) && graph.sharedClasses(i, bound).nonEmpty).get
+  /** gamma and mu of a probe pair; a pair never probed counts as matching once per probe (no evidence either way). */
+  def rateOf(edge: (Int, Int), stats: CycleStatistics): (Double, Double) =
+    (stats.matchRate.getOrElse(edge, 1.0), stats.matchesPerSuccess.getOrElse(edge, 1.0))
+
+  /** The plan's order from `start`: the leftmost input connected to those bound, from the leftmost bound one. */
+  def fixed(graph: ProbeGraph, start: Int): ProbeRoute = stepwise(graph, start)((from, to) => (to.toDouble, from.toDouble))
+
+  /** Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`. */
+  def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => (Double, Double)): ProbeRoute = {
+    val visited = mutable.LinkedHashSet(start)
+    val edges = mutable.ArrayBuffer[(Int, Int)]()
+    while (visited.size < graph.inputs) {
+      val candidates = graph.edges.filter { case (from, to) => visited.contains(from) && !visited.contains(to) }
+      require(candidates.nonEmpty, "probe orders need a connected join graph")
+      val next = candidates.minBy(e => score(e._1, e._2))
+      edges += next
+      visited += next._2
     }
-    order.toSeq
+    ProbeRoute(start, edges.toSeq)
+  }
+
+  /** Algorithm 4 (getSequences): every sequence of edges that reaches all inputs from `start`. */
+  def sequences(graph: ProbeGraph, start: Int): Seq[List[(Int, Int)]] = {
+    val all = mutable.ArrayBuffer[List[(Int, Int)]]()
+    def dfs(visited: Set[Int], reversed: List[(Int, Int)]): Unit =
+      if (visited.size == graph.inputs) all += reversed.reverse
+      else graph.edges.foreach { case edge @ (from, to) =>
+        if (visited.contains(from) && !visited.contains(to)) dfs(visited + to, edge :: reversed)
+      }
+    dfs(Set(start), Nil)
+    all.toSeq
+  }
+
+  /**
+   * Algorithm 3 (optimizeProbeOrder_dpPick): each sequence's cost by Eq. 8, a sub-sequence's cost
+   * computed once and remembered; per start input the sequence of least cost, with that cost.
+   */
+  def dpPick(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel): Map[Int, (ProbeRoute, Double)] = {
+    val memo = mutable.HashMap[List[(Int, Int)], Double](Nil -> 0.0)
+    def calculateCost(edge: (Int, Int), rest: List[(Int, Int)]): Double = {
+      val restCost = memo.getOrElse(rest, {
+        val c = calculateCost(rest.head, rest.tail)
+        memo(rest) = c
+        c
+      })
+      cost.step(edge, stats, restCost)
+    }
+    val best = mutable.LinkedHashMap[Int, (ProbeRoute, Double)]()
+    (0 until graph.inputs).foreach { start =>
+      sequences(graph, start).foreach { sequence =>
+        val c = calculateCost(sequence.head, sequence.tail)
+        if (best.get(start).forall(c < _._2)) best(start) = (ProbeRoute(start, sequence), c)
+      }
+    }
+    best.toMap
   }
 }

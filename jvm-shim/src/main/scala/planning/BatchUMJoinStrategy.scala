@@ -2,15 +2,15 @@ package umjoin.spark.planning
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{Cast, Expression, IsNotNull, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{IsNotNull, PredicateHelper}
 import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
-import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.exec.UMJoinExec
+import umjoin.spark.order.ProbeOrderSettings
 import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 
 /**
@@ -31,7 +31,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
       case join: Join if conf.enabled && !join.isStreaming =>
         GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle) match {
-          case Right((group, umjoin)) => Seq(exec(group, umjoin))
+          case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
           case Left(reason) =>
             logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
             Nil
@@ -52,9 +52,9 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     for {
       graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output)
       facts = inputs.map(i => InputFacts(i.stats.sizeInBytes, canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
-      plans <- UMJoinPlan.candidates(graph, facts)
-      plan <- plans.map(withLongKeys).find(keepsExistingBroadcasts(inputs, _))
-        .toRight("an input broadcast earlier in this query needs a key this group cannot probe it with")
+      plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
+      plan <- plans.find(keepsExistingBroadcasts(inputs, _))
+        .toRight("an input broadcast earlier in this query was broadcast for a join Spark plans itself")
     } yield plan
   }
 
@@ -88,40 +88,36 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * Under AQE, an input that is already a broadcast stage was broadcast with the key of an earlier
-   * plan of this group; the plan must probe it with that same key (as Spark's own
-   * LogicalQueryStageStrategy keeps the join that produced a broadcast stage).
+   * Under AQE, an input that is already a broadcast stage was broadcast for an earlier plan of this
+   * group; the plan must read it the way it was broadcast: as rows (a UMJoin's own broadcast), not a
+   * hash table Spark built for one of its joins.
    */
   private def keepsExistingBroadcasts(inputs: Seq[LogicalPlan], plan: UMJoinPlan): Boolean =
     inputs.indices.forall { i =>
       inputs(i) match {
         case LogicalQueryStage(_, stage: BroadcastQueryStageExec) =>
-          plan.placements(i) == InputPlacement.Broadcast &&
-            stage.outputPartitioning.satisfies(UMJoinExec.broadcastDistribution(plan.storeKeys(i), stage.output))
+          plan.placements(i) == InputPlacement.Broadcast && stage.outputPartitioning.satisfies(UMJoinExec.broadcastDistribution)
         case _ => true
       }
     }
 
-  /** A single integral key is hashed as a long, so Spark's dense long-keyed hash map serves it. */
-  private def withLongKeys(plan: UMJoinPlan): UMJoinPlan = {
-    def widen(keys: Seq[Expression]): Seq[Expression] = keys match {
-      case Seq(k) if Seq(IntegerType, ShortType, ByteType).contains(k.dataType) => Seq(Cast(k, LongType))
-      case other => other
-    }
-    plan.copy(storeKeys = plan.storeKeys.map(widen), probeKeys = plan.probeKeys.map(widen))
+  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, probeOrder: ProbeOrderSettings): UMJoinExec = {
+    val graph = plan.graph
+    UMJoinExec(
+      output = group.root.output,
+      inputLabels = group.inputs.map(InputLabels.of),
+      classInputs = graph.classes.map(_.members.map(_._1)),
+      classKeys = graph.classes.map(_.members.map(_._2)),
+      residuals = graph.residuals.map(_.condition),
+      residualInputs = graph.residuals.map(_.inputs.toSeq.sorted),
+      indexes = plan.indexes,
+      route = plan.route,
+      probeOrder = probeOrder,
+      broadcast = plan.placements.map(_ == InputPlacement.Broadcast),
+      partitionKeys = plan.placements.map {
+        case InputPlacement.HashPartitioned(key) => Some(key)
+        case _ => None
+      },
+      children = group.inputs.map(planLater))
   }
-
-  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan): UMJoinExec = UMJoinExec(
-    output = group.root.output,
-    inputLabels = group.inputs.map(InputLabels.of),
-    probeOrder = plan.probeOrder,
-    storeKeys = plan.storeKeys,
-    probeKeys = plan.probeKeys,
-    conditions = plan.conditions,
-    broadcast = plan.placements.map(_ == InputPlacement.Broadcast),
-    partitionKeys = plan.placements.map {
-      case InputPlacement.HashPartitioned(key) => Some(key)
-      case _ => None
-    },
-    children = group.inputs.map(planLater))
 }

@@ -19,9 +19,9 @@ import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 
 /** What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). */
 final case class StreamingGroupPlan(
+    graph: JoinGraph,
+    sharedClass: Int,
     keys: Seq[Expression],
-    probeOrders: Seq[Seq[Int]],
-    conditions: Seq[Seq[Seq[Expression]]],
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     evictionWatermark: Option[Long])
@@ -55,7 +55,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
       checkCheckpoint(plan, plans)
-      tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf.stateTtlMs))
+      tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
     }
 
   /**
@@ -98,16 +98,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val outputs = inputs.map(_.output)
     JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
       // Every stream's state is partitioned by one key: the class all streams join on.
-      val shared = graph.classes.filter(c => inputs.indices.forall(c.inputs.contains))
-        .sortBy(c => (-c.members.size, !Seq(ByteType, ShortType, IntegerType, LongType).contains(c.members.head._2.dataType)))
-      shared.headOption.toRight("its streams do not all share one join key, which a streaming UMJoin partitions its state by").map { key =>
-        val keys = inputs.indices.map(i => key.keyOf(i).get)
-        val orders = inputs.indices.map(s => s +: inputs.indices.filterNot(_ == s))
+      val shared = graph.classes.indices.filter(c => inputs.indices.forall(graph.classes(c).inputs.contains))
+        .sortBy(c => (-graph.classes(c).members.size, !Seq(ByteType, ShortType, IntegerType, LongType).contains(graph.classes(c).members.head._2.dataType)))
+      shared.headOption.toRight("its streams do not all share one join key, which a streaming UMJoin partitions its state by").map { sharedClass =>
         val evictionWatermark = joins.flatMap(_.eventTimeWatermarkForEviction).minOption
         StreamingGroupPlan(
-          keys = keys,
-          probeOrders = orders,
-          conditions = orders.map(order => conditionsAlong(order, graph, key, keys)),
+          graph = graph,
+          sharedClass = sharedClass,
+          keys = inputs.indices.map(i => graph.classes(sharedClass).keyOf(i).get),
           lateRows = inputs.indices.map { i =>
             StreamingWatermarks.lateRows(outputs(i), joinAbove(group, inputs(i)).eventTimeWatermarkForLateEvents)
           },
@@ -115,30 +113,6 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           evictionWatermark = evictionWatermark)
       }
     }
-  }
-
-  /**
-   * The conditions to check at each step of a probe order: every store is keyed by the shared class
-   * only, so the equalities of the other classes (and of further keys of one input) become conditions,
-   * checked with the residual conditions as soon as their inputs are bound.
-   */
-  private def conditionsAlong(order: Seq[Int], graph: JoinGraph, shared: KeyClass, keys: Seq[Expression]): Seq[Seq[Expression]] = {
-    val position = order.zipWithIndex.toMap
-    val atStep = Array.fill(order.size)(Seq.empty[Expression])
-    graph.classes.foreach { c =>
-      if (c eq shared) {
-        // The stores are keyed by this class; an input's further expressions in it are checked.
-        c.members.foreach { case (input, e) => if (e ne keys(input)) atStep(position(input)) :+= EqualTo(keys(input), e) }
-      } else {
-        val bound = c.members.sortBy(m => position(m._1))
-        bound.tail.foreach { case (input, e) => atStep(position(input)) :+= EqualTo(bound.head._2, e) }
-      }
-    }
-    graph.residuals.foreach { r =>
-      val step = if (r.inputs.isEmpty) 0 else r.inputs.map(position).max
-      atStep(step) :+= r.condition
-    }
-    atStep.toSeq
   }
 
   /** The join an input feeds directly (through projections and filters): it decides the input's late rows. */
@@ -150,18 +124,22 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
   }
 
-  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, inputs: Seq[SparkPlan], stateTtlMs: Option[Long]): SparkPlan = {
+  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, inputs: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
     val root = group.root.asInstanceOf[StreamingSymmetricHashJoinExec]
     val partitions = root.getStateInfo.numPartitions
     val umjoin = StreamingUMJoinExec(
       output = root.output,
       inputLabels = inputs.map(label),
       keys = plan.keys,
-      probeOrders = plan.probeOrders,
-      conditions = plan.conditions,
+      classInputs = plan.graph.classes.map(_.members.map(_._1)),
+      classKeys = plan.graph.classes.map(_.members.map(_._2)),
+      residuals = plan.graph.residuals.map(_.condition),
+      residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
+      sharedClass = plan.sharedClass,
+      probeOrder = conf.probeOrder,
       lateRows = plan.lateRows,
       evictable = plan.evictable,
-      stateTtlMs = stateTtlMs,
+      stateTtlMs = conf.stateTtlMs,
       stateInfo = root.stateInfo,
       eventTimeWatermarkForEviction = plan.evictionWatermark,
       children = inputs.zip(plan.keys).map { case (input, key) => partitionedBy(input, key, partitions) })

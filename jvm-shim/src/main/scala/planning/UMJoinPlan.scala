@@ -1,15 +1,15 @@
 package umjoin.spark.planning
 
-import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
+import org.apache.spark.sql.catalyst.expressions.Expression
 import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
-import umjoin.spark.order.ProbeOrder
+import umjoin.spark.order.{ProbeOrder, ProbeRoute}
 
 /** How an input's rows reach the tasks of a UMJoin. */
 sealed trait InputPlacement
 
 object InputPlacement {
-  /** Every task gets the whole input; Spark's broadcast exchange builds its store once. */
+  /** Every task gets the whole input: broadcast once as rows, indexed once per executor. */
   case object Broadcast extends InputPlacement
   /** The streamed input, read as its child delivers it (every other input is broadcast). */
   case object AsIs extends InputPlacement
@@ -21,18 +21,13 @@ object InputPlacement {
 final case class InputFacts(sizeInBytes: BigInt, canBroadcast: Boolean, mustBroadcast: Boolean)
 
 /**
- * A group that can run as one UMJoin. Indexed by input: `storeKeys(i)` indexes input i's store,
- * `probeKeys(i)` computes the matching key from inputs earlier in `probeOrder`, and
- * `conditions(i)` are checked as soon as input i is bound. The streamed input (head of
- * `probeOrder`) is never stored, so its keys are empty.
+ * A group that can run as one UMJoin: its join graph, where each input's rows go, the initial probe route of the
+ * streamed input (`route.start`), and per input the key classes its store is indexed by (empty for
+ * the streamed input, which is never stored). With an adaptive probe order every class an input
+ * shares with another is indexed, so that any valid route can run.
  */
-final case class UMJoinPlan(
-    placements: Seq[InputPlacement],
-    probeOrder: Seq[Int],
-    storeKeys: Seq[Seq[Expression]],
-    probeKeys: Seq[Seq[Expression]],
-    conditions: Seq[Seq[Expression]]) {
-  def streamed: Int = probeOrder.head
+final case class UMJoinPlan(graph: JoinGraph, placements: Seq[InputPlacement], route: ProbeRoute, indexes: Seq[Seq[Int]]) {
+  def streamed: Int = route.start
 }
 
 object UMJoinPlan {
@@ -41,17 +36,16 @@ object UMJoinPlan {
    * The plans this group can run with, best first: the streamed input is the largest input that
    * need not be broadcast, every input small enough is broadcast, and the rest must be
    * co-partitioned on one key class (distribution is correctness: matching rows must meet in one
-   * task). Later candidates stream a smaller input; planning takes the first one Spark can run
-   * (under AQE, an input already broadcast must keep the key it was broadcast with).
+   * task). Later candidates stream a smaller input; planning takes the first one Spark can run.
    */
-  def candidates(graph: JoinGraph, facts: Seq[InputFacts]): Either[String, Seq[UMJoinPlan]] = {
+  def candidates(graph: JoinGraph, facts: Seq[InputFacts], adaptive: Boolean): Either[String, Seq[UMJoinPlan]] = {
     if (!graph.isConnected) return Left("its inputs are not all connected by equi-join keys")
     val streamable = facts.indices.filterNot(facts(_).mustBroadcast).sortBy(i => (-facts(i).sizeInBytes, i))
     if (streamable.isEmpty) return Left("every input is an already broadcast stage")
     val tooLarge = facts.indices.filter(i => !facts(i).canBroadcast && !facts(i).mustBroadcast).toSet
     val plans = streamable.flatMap { streamed =>
       val partitioned = (tooLarge + streamed).toSeq.sorted
-      placements(graph, partitioned, facts.size).map(p => plan(graph, streamed, p))
+      placements(graph, partitioned, facts.size).map(p => plan(graph, streamed, p, adaptive))
     }
     if (plans.nonEmpty) Right(plans)
     else Left(s"inputs ${tooLarge.toSeq.sorted.mkString(", ")} are too large to broadcast and share no join key class")
@@ -73,31 +67,16 @@ object UMJoinPlan {
 
   private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
 
-  private def plan(graph: JoinGraph, streamed: Int, placements: Seq[InputPlacement]): UMJoinPlan = {
-    val order = ProbeOrder.fixed(graph, streamed)
-    val position = order.zipWithIndex.toMap
-    val n = graph.numInputs
-    val storeKeys = Array.fill(n)(Seq.empty[Expression])
-    val probeKeys = Array.fill(n)(Seq.empty[Expression])
-    val conditions = Array.fill(n)(Seq.empty[Expression])
-    order.zipWithIndex.foreach { case (input, step) =>
-      if (step > 0) {
-        val shared = graph.sharedClasses(input, order.take(step).toSet).map(graph.classes)
-        storeKeys(input) = shared.map(_.keyOf(input).get)
-        // Each class's value comes from the first input in probe order that carries it.
-        probeKeys(input) = shared.map(c => c.keyOf(c.inputs.minBy(position)).get)
+  private def plan(graph: JoinGraph, streamed: Int, placements: Seq[InputPlacement], adaptive: Boolean): UMJoinPlan = {
+    val probeGraph = ProbeSteps.graph(graph)
+    val shared = (0 until graph.numInputs).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i) && graph.classes(c).inputs.size > 1))
+    val route = ProbeOrder.fixed(probeGraph, streamed)
+    val indexes =
+      if (adaptive) shared.indices.map(i => if (i == streamed) Nil else shared(i))
+      else {
+        val steps = ProbeSteps.along(graph, route, i => shared(i).toSet).steps
+        (0 until graph.numInputs).map(i => steps.filter(_.input == i).map(_.keyClass))
       }
-    }
-    // An input with two expressions in one class: the key covers the first, a condition the others.
-    graph.classes.foreach { c =>
-      c.members.groupBy(_._1).foreach { case (input, exprs) =>
-        exprs.tail.foreach { case (_, other) => conditions(input) :+= EqualTo(exprs.head._2, other) }
-      }
-    }
-    graph.residuals.foreach { r =>
-      val lastBound = if (r.inputs.isEmpty) streamed else r.inputs.maxBy(position)
-      conditions(lastBound) :+= r.condition
-    }
-    UMJoinPlan(placements, order, storeKeys.toSeq, probeKeys.toSeq, conditions.toSeq)
+    UMJoinPlan(graph, placements, route, indexes)
   }
 }

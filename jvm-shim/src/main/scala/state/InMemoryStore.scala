@@ -4,10 +4,9 @@
 package org.apache.spark.sql.execution.umjoin
 
 import org.apache.spark.TaskContext
-import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeProjection, UnsafeRow}
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.ExternalAppendOnlyUnsafeRowArray
 import org.apache.spark.sql.execution.joins.HashedRelation
 
 import umjoin.spark.state.JoinStore
@@ -20,32 +19,34 @@ final class InMemoryStore private (relation: HashedRelation) extends JoinStore {
     if (rows == null) Iterator.empty else rows
   }
   override def sizeInBytes: Long = relation.estimatedSize
+  override lazy val keyCount: Long = relation.keys().size.toLong
   override def close(): Unit = relation.close()
 }
 
 object InMemoryStore {
 
   /**
-   * Builds the store of one task's partition of an input, in memory granted by the task's memory
-   * manager; freed when the task ends. `keys` are bound to the input's output.
+   * The stores of one task's partition of an input, one per index (`indexKeys`, bound to the input's
+   * output), in memory granted by the task's memory manager; freed when the task ends. With several
+   * indexes the rows are read once into Spark's spillable row buffer and indexed from there.
    */
-  def build(rows: Iterator[InternalRow], keys: Seq[Expression], inputOutput: Seq[Attribute], context: TaskContext): InMemoryStore = {
+  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[InMemoryStore] = {
     // The hash map copies UnsafeRow bytes; most operators already produce UnsafeRows.
     lazy val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
     val unsafeRows = rows.map {
       case u: UnsafeRow => u
       case other => toUnsafe(other)
     }
-    val relation = HashedRelation(unsafeRows, keys, 64, context.taskMemoryManager())
-    val store = new InMemoryStore(relation)
-    context.addTaskCompletionListener[Unit](_ => store.close())
-    store
+    val stores = indexKeys match {
+      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(unsafeRows, keys, 64, context.taskMemoryManager())))
+      case _ =>
+        val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
+        unsafeRows.foreach(buffer.add)
+        val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager())))
+        buffer.clear()
+        built
+    }
+    stores.foreach(store => context.addTaskCompletionListener[Unit](_ => store.close()))
+    stores
   }
-
-  /** The broadcast this input's store is built into by Spark's broadcast exchange. */
-  def broadcastOf(plan: SparkPlan): Broadcast[Any] = plan.executeBroadcast[Any]()
-
-  /** The task's read-only view of a broadcast store. */
-  def fromBroadcast(broadcast: Broadcast[Any]): InMemoryStore =
-    new InMemoryStore(broadcast.value.asInstanceOf[HashedRelation].asReadOnlyCopy())
 }

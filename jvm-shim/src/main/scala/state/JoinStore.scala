@@ -12,4 +12,6 @@ trait JoinStore extends AutoCloseable {
   def get(key: UnsafeRow): Iterator[InternalRow]
   def isEmpty: Boolean
   def sizeInBytes: Long
+  /** Its keys, or its rows where the store does not count keys: the kappa of the probe cost model. */
+  def keyCount: Long
 }

@@ -13,47 +13,46 @@ final case class StoreMetrics(memtableBytes: SQLMetric, diskBytes: SQLMetric, bl
 object JoinStores {
 
   /**
-   * Reads `rows` (the input's partition) into a store indexed by `keys` (bound to `inputOutput`).
-   * The store is closed, and its directory deleted, when the task ends however it ends; its
-   * metrics are recorded just before.
+   * Reads `rows` (the input's partition) into one store per index, `indexKeys` being each index's
+   * key bound to `inputOutput`. The stores are closed, and their directories deleted, when the task
+   * ends however it ends; their metrics are recorded just before.
    */
   def build(
       settings: StoreSettings,
       rows: Iterator[InternalRow],
-      keys: Seq[Expression],
+      indexKeys: Seq[Seq[Expression]],
       inputOutput: Seq[Attribute],
       input: Int,
       context: TaskContext,
-      metrics: StoreMetrics): JoinStore = {
-    val store = settings.backend match {
-      case StateBackend.Memory =>
-        InMemoryStore.build(rows, keys, inputOutput, context)
-      case StateBackend.RocksDB =>
-        val disk = RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context)
-        closeWhenDone(disk, context, metrics)
-        fill(rows, keys, inputOutput, disk.add)
-        disk
-      case StateBackend.Auto =>
-        val spilling = new SpillingStore(context, inputOutput.size, settings.maxStoreMemory.getOrElse(Long.MaxValue),
-          () => RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context))
-        closeWhenDone(spilling, context, metrics)
-        fill(rows, keys, inputOutput, spilling.add)
-        spilling
-    }
-    store
+      metrics: StoreMetrics): Seq[JoinStore] = settings.backend match {
+    case StateBackend.Memory =>
+      InMemoryStore.build(rows, indexKeys, inputOutput, context)
+    case StateBackend.RocksDB =>
+      val stores = indexKeys.map(_ => RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context))
+      stores.foreach(closeWhenDone(_, context, metrics))
+      fill(rows, indexKeys, inputOutput, stores.map(s => (key: UnsafeRow, row: UnsafeRow) => s.add(key, row)))
+      stores
+    case StateBackend.Auto =>
+      val stores = indexKeys.map(_ => new SpillingStore(context, inputOutput.size, settings.maxStoreMemory.getOrElse(Long.MaxValue),
+        () => RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context)))
+      stores.foreach(closeWhenDone(_, context, metrics))
+      fill(rows, indexKeys, inputOutput, stores.map(s => (key: UnsafeRow, row: UnsafeRow) => s.add(key, row)))
+      stores
   }
 
-  /** Adds every row whose key has no NULL (NULL never equals anything). */
-  private def fill(rows: Iterator[InternalRow], keys: Seq[Expression], inputOutput: Seq[Attribute], add: (UnsafeRow, UnsafeRow) => Unit): Unit = {
-    val keyOf = UnsafeProjection.create(keys)
+  /** Adds every row to each index whose key for it has no NULL (NULL never equals anything). */
+  private def fill(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute],
+      adds: Seq[(UnsafeRow, UnsafeRow) => Unit]): Unit = {
+    val keyOf = indexKeys.map(keys => UnsafeProjection.create(keys))
     val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
     rows.foreach { row =>
-      val key = keyOf(row)
-      if (!key.anyNull) {
-        add(key, row match {
-          case u: UnsafeRow => u
-          case other => toUnsafe(other)
-        })
+      val unsafe = row match {
+        case u: UnsafeRow => u
+        case other => toUnsafe(other)
+      }
+      keyOf.indices.foreach { i =>
+        val key = keyOf(i)(unsafe)
+        if (!key.anyNull) adds(i)(key, unsafe)
       }
     }
   }

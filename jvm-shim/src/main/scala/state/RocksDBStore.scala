@@ -50,6 +50,7 @@ final class RocksDBStore private (val directory: File, numFields: Int, settings:
   private val row = new UnsafeRow(numFields)
 
   override def isEmpty: Boolean = sequence == 0
+  override def keyCount: Long = sequence
 
   def add(key: UnsafeRow, value: UnsafeRow): Unit =
     add(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, value.getBaseObject, value.getBaseOffset, value.getSizeInBytes)

@@ -64,6 +64,7 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
     }
 
   override def isEmpty: Boolean = rows == 0
+  override def keyCount: Long = rows
   override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else map.getTotalMemoryConsumption
 
   override def close(): Unit = {

@@ -1,0 +1,57 @@
+package umjoin.spark.order
+
+/**
+ * One cycle's statistics (paper 001, 4.3): per probe pair (the bound input whose key is used ->
+ * the store probed) the match rate gamma = probes that found rows / probes and the rows per
+ * successful probe mu; per store its number of keys kappa. Pairs not probed in the cycle are absent.
+ */
+final case class CycleStatistics(matchRate: Map[(Int, Int), Double], matchesPerSuccess: Map[(Int, Int), Double], keys: IndexedSeq[Double])
+
+/** Counters filled while probing, one cycle at a time. Mergeable: tasks' counters add up on the driver. */
+final class ProbeCounters(val inputs: Int) extends Serializable {
+  private val probes = Array.ofDim[Long](inputs, inputs)
+  private val successes = Array.ofDim[Long](inputs, inputs)
+  private val matches = Array.ofDim[Long](inputs, inputs)
+  /** Rows (or keys) stored per input, where the probing side reports them (streaming state). */
+  val stored = new Array[Long](inputs)
+
+  /** One probe along `from -> to` that found `found` rows. */
+  def record(from: Int, to: Int, found: Long): Unit = {
+    probes(from)(to) += 1
+    if (found > 0) {
+      successes(from)(to) += 1
+      matches(from)(to) += found
+    }
+  }
+
+  def isEmpty: Boolean = probes.forall(_.forall(_ == 0))
+
+  def add(other: ProbeCounters): Unit = {
+    for (i <- 0 until inputs; j <- 0 until inputs) {
+      probes(i)(j) += other.probes(i)(j)
+      successes(i)(j) += other.successes(i)(j)
+      matches(i)(j) += other.matches(i)(j)
+    }
+    for (i <- 0 until inputs) stored(i) += other.stored(i)
+  }
+
+  def reset(): Unit = {
+    Seq(probes, successes, matches).foreach(_.foreach(row => java.util.Arrays.fill(row, 0L)))
+    java.util.Arrays.fill(stored, 0L)
+  }
+
+  /** This cycle's gamma and mu for every pair probed, with the stores' key counts. */
+  def cycle(keys: IndexedSeq[Double]): CycleStatistics = {
+    val pairs = for (i <- 0 until inputs; j <- 0 until inputs if probes(i)(j) > 0) yield (i, j)
+    CycleStatistics(
+      pairs.map(p => p -> successes(p._1)(p._2).toDouble / probes(p._1)(p._2)).toMap,
+      pairs.filter(p => successes(p._1)(p._2) > 0).map(p => p -> matches(p._1)(p._2).toDouble / successes(p._1)(p._2)).toMap,
+      keys)
+  }
+
+  def copy(): ProbeCounters = {
+    val c = new ProbeCounters(inputs)
+    c.add(this)
+    c
+  }
+}
