@@ -32,6 +32,16 @@ CONFIGS = {
     # auto, with stores forced out of memory after 4 KB.
     "auto-spilling": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST, "spark.umjoin.stateBackend": "auto",
                       "spark.umjoin.auto.maxStoreMemory": "4k"},
+    # The adaptive probe orders, choosing the route again after every row or two.
+    "selectivityFirst": {"spark.sql.adaptive.enabled": "false", "spark.umjoin.probeOrder": "selectivityFirst",
+                         "spark.umjoin.dpPick.cycleRows": "2"},
+    "greedy-no-broadcast": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST, "spark.umjoin.probeOrder": "greedy",
+                            "spark.umjoin.dpPick.cycleRows": "1"},
+    "dpPick": {"spark.sql.adaptive.enabled": "true", "spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.cycleRows": "1",
+               "spark.umjoin.dpPick.history": "2"},
+    "dpPick-rocksdb-no-smoothing": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "rocksdb",
+                                    "spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.smoothing": "false",
+                                    "spark.umjoin.dpPick.cycleRows": "1"},
 }
 
 

@@ -256,3 +256,24 @@ def test_checkpoint_of_the_other_join_operator_is_refused_clearly(spark: SparkSe
             run_once()
     expected = "written without UMJoin; UMJoin cannot continue it" if first == "false" else "holds StreamingUMJoin state for operator"
     assert expected in str(failure.value)
+
+
+def test_adaptive_probe_order_keeps_statistics_across_batches_and_the_answer(spark: SparkSession, tmp_path: Path) -> None:
+    """dpPick re-chooses every stream's route between micro-batches from the batches before; the
+    routes change (y matches few keys, z all of them) and the answer stays the batch join's."""
+    rng = random.Random(5)
+    domains = {"x": 40, "y": 3, "z": 40, "w": 20}
+    for name, domain in domains.items():
+        batches = [[(rng.randrange(domain), rng.randrange(1000)) for _ in range(12)] for _ in range(6)]
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches)
+    names = "".join(domains)
+    frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in names}
+    settings = {"spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.period": "1ms", "spark.sql.shuffle.partitions": "2"}
+    with temporary_conf(spark, settings):
+        on, query = run_to_end(star(frames, names), "umjoin_dppick", tmp_path / "ck")
+    changes = [op["customMetrics"]["probeRouteChanges"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        expected = sorted(tuple(r) for r in star({n: spark.read.parquet(str(tmp_path / n)) for n in names}, names).collect())
+    assert on == expected and len(expected) > 0
+    assert len(changes) == 6 and changes[0] == 0  # the first batch has no statistics yet: the plan's order
+    assert sum(changes) > 0, changes

@@ -9,10 +9,11 @@ import org.apache.spark.sql.catalyst.trees.TreeNode
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 
+import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, Smoothing, StatisticsHistory, StoreStructure}
 import umjoin.spark.planning.InputLabels
 import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 
-/** What the Python side asks the JVM about plans; every answer is JSON. */
+/** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
 object PlanInspection {
 
   /**
@@ -74,4 +75,87 @@ object PlanInspection {
     }
     compact(render(JObject("groups" -> JArray(groupJson.toList), "converted" -> description(converted))))
   }
+
+  /**
+   * The route a probe-order policy chooses from each start input, for given statistics:
+   * request `{"policy", "inputs": n, "edges": [[from, to]], "structure": "hash" | "sorted",
+   * "queryCost", "matchCost", "gamma": [[from, to, value]], "mu": [[from, to, value]], "kappa": [..n]}`,
+   * answer `{"<start>": {"order": [inputs], "edges": [[from, to]], "cost": Eq. 8 cost}}`.
+   */
+  def probeRoutes(request: String): String = {
+    val json = parse(request)
+    val policy = ProbeOrderPolicy.byName.getOrElse(stringOf(json \ "policy"),
+      throw new IllegalArgumentException(s"unknown policy; expected one of ${ProbeOrderPolicy.byName.keys.toSeq.sorted.mkString(", ")}"))
+    val n = intOf(json \ "inputs")
+    val graph = ProbeGraph(n, pairs(json \ "edges"))
+    val structure = if (stringOf(json \ "structure") == "sorted") StoreStructure.Sorted else StoreStructure.Hash
+    val cost = CostModel(doubleOf(json \ "queryCost"), doubleOf(json \ "matchCost"), structure)
+    val stats = statistics(json)
+    val routes = policy.routes(graph, stats, cost, 0 until n)
+    compact(render(JObject(routes.toList.sortBy(_._1).map { case (start, route) =>
+      start.toString -> JObject(
+        "order" -> JArray(route.order.map(i => JInt(i)).toList),
+        "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList),
+        "cost" -> JDouble(ProbeOrder.cost(route, stats, cost)))
+    })))
+  }
+
+  /**
+   * The forecast of the next cycle's statistics from past cycles (oldest first), as the adaptive
+   * policies make it: request `{"cycles": [{"gamma", "mu", "kappa"}], "smoothing": {"alpha", "beta",
+   * "damping"} | null}`, answer `{"gamma", "mu", "kappa"}` in the same form.
+   */
+  def forecastStatistics(request: String): String = {
+    val json = parse(request)
+    val cycles = json \ "cycles" match {
+      case JArray(items) => items.map(statistics)
+      case _ => Nil
+    }
+    val history = new StatisticsHistory(math.max(1, cycles.size))
+    cycles.foreach(history.add)
+    val smoothing = json \ "smoothing" match {
+      case s: JObject => Some(Smoothing(doubleOf(s \ "alpha"), doubleOf(s \ "beta"), doubleOf(s \ "damping")))
+      case _ => None
+    }
+    val f = history.forecast(smoothing)
+    def triples(m: Map[(Int, Int), Double]) = JArray(m.toList.sorted.map { case ((a, b), v) => JArray(List(JInt(a), JInt(b), JDouble(v))) })
+    compact(render(JObject("gamma" -> triples(f.matchRate), "mu" -> triples(f.matchesPerSuccess), "kappa" -> JArray(f.keys.map(JDouble(_)).toList))))
+  }
+
+  private def statistics(json: JValue): CycleStatistics = {
+    def byPair(field: String): Map[(Int, Int), Double] = json \ field match {
+      case JArray(items) => items.map { case JArray(List(a, b, v)) => (intOf(a), intOf(b)) -> doubleOf(v); case other => bad(field, other) }.toMap
+      case _ => Map.empty
+    }
+    val keys = json \ "kappa" match {
+      case JArray(items) => items.map(doubleOf).toIndexedSeq
+      case other => bad("kappa", other)
+    }
+    CycleStatistics(byPair("gamma"), byPair("mu"), keys)
+  }
+
+  private def pairs(json: JValue): Seq[(Int, Int)] = json match {
+    case JArray(items) => items.map { case JArray(List(a, b)) => (intOf(a), intOf(b)); case other => bad("edges", other) }
+    case other => bad("edges", other)
+  }
+
+  private def intOf(v: JValue): Int = v match {
+    case JInt(i) => i.toInt
+    case other => bad("an integer", other)
+  }
+
+  private def doubleOf(v: JValue): Double = v match {
+    case JInt(i) => i.toDouble
+    case JDouble(d) => d
+    case JDecimal(d) => d.toDouble
+    case other => bad("a number", other)
+  }
+
+  private def stringOf(v: JValue): String = v match {
+    case JString(s) => s
+    case other => bad("a string", other)
+  }
+
+  private def bad(what: String, value: JValue): Nothing =
+    throw new IllegalArgumentException(s"expected $what, found ${compact(render(value))}")
 }

@@ -64,7 +64,7 @@ object ProbeOrderPolicy {
     override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
         val (gamma, mu) = ProbeOrder.rateOf((from, to), stats)
-        (gamma * mu, to.toDouble)
+        gamma * mu
       }).toMap
   }
 
@@ -72,7 +72,7 @@ object ProbeOrderPolicy {
   case object Greedy extends ProbeOrderPolicy {
     override val name = "greedy"
     override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
-      starts.map(s => s -> ProbeOrder.stepwise(graph, s)((from, to) => (cost.step((from, to), stats, 0.0), to.toDouble))).toMap
+      starts.map(s => s -> ProbeOrder.stepwise(graph, s)((from, to) => cost.step((from, to), stats, 0.0))).toMap
   }
 
   /** dpPick (Algorithm 3): of all sequences of the join graph, the one of least Eq. 8 cost per start. */
@@ -89,19 +89,36 @@ object ProbeOrder {
   def rateOf(edge: (Int, Int), stats: CycleStatistics): (Double, Double) =
     (stats.matchRate.getOrElse(edge, 1.0), stats.matchesPerSuccess.getOrElse(edge, 1.0))
 
-  /** The plan's order from `start`: the leftmost input connected to those bound, from the leftmost bound one. */
-  def fixed(graph: ProbeGraph, start: Int): ProbeRoute = stepwise(graph, start)((from, to) => (to.toDouble, from.toDouble))
+  /** A route's expected cost per streamed row by Eq. 8 (the sum over its steps, from the last back). */
+  def cost(route: ProbeRoute, stats: CycleStatistics, model: CostModel): Double =
+    route.edges.foldRight(0.0)((edge, rest) => model.step(edge, stats, rest))
 
-  /** Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`. */
-  def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => (Double, Double)): ProbeRoute = {
-    val visited = mutable.LinkedHashSet(start)
+  /** The plan's order from `start`: the leftmost input connected to those bound, from the leftmost bound one. */
+  def fixed(graph: ProbeGraph, start: Int): ProbeRoute = following(graph, start, 0 until graph.inputs)
+
+  /**
+   * The route from `start` that binds inputs in the order of `preference` as far as the graph
+   * allows (next, the first preferred input connected to those bound), each probed from the input
+   * bound earliest that connects to it.
+   */
+  def following(graph: ProbeGraph, start: Int, preference: Seq[Int]): ProbeRoute = {
+    val rank = preference.zipWithIndex.toMap
+    stepwise(graph, start)((_, to) => rank(to).toDouble)
+  }
+
+  /**
+   * Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`; on a tie,
+   * the edge from the input bound earliest, then to the lowest input.
+   */
+  def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => Double): ProbeRoute = {
+    val boundAt = mutable.LinkedHashMap(start -> 0)
     val edges = mutable.ArrayBuffer[(Int, Int)]()
-    while (visited.size < graph.inputs) {
-      val candidates = graph.edges.filter { case (from, to) => visited.contains(from) && !visited.contains(to) }
+    while (boundAt.size < graph.inputs) {
+      val candidates = graph.edges.filter { case (from, to) => boundAt.contains(from) && !boundAt.contains(to) }
       require(candidates.nonEmpty, "probe orders need a connected join graph")
-      val next = candidates.minBy(e => score(e._1, e._2))
+      val next = candidates.minBy { case (from, to) => (score(from, to), boundAt(from), to) }
       edges += next
-      visited += next._2
+      boundAt(next._2) = boundAt.size
     }
     ProbeRoute(start, edges.toSeq)
   }

@@ -31,7 +31,10 @@ final class ProbeCountersAccumulator(inputs: Int) extends AccumulatorV2[ProbeCou
 object StreamingRoutes extends Logging {
 
   private final class Entry(var routes: Map[Int, ProbeRoute], val history: StatisticsHistory, var chosenAtMs: Long,
-      var pending: Option[ProbeCountersAccumulator])
+      var pending: Option[ProbeCountersAccumulator], var usedAtMs: Long)
+
+  /** An operator unseen for this long has stopped; its statistics are dropped (were it to run again, it starts afresh). */
+  private val IdleMs = 60L * 60 * 1000
 
   private val entries = TrieMap[(UUID, Long), Entry]()
 
@@ -42,15 +45,17 @@ object StreamingRoutes extends Logging {
   def next(runId: UUID, operatorId: Long, graph: ProbeGraph, settings: ProbeOrderSettings, structure: StoreStructure,
       partitions: Int): (Map[Int, ProbeRoute], Int) = {
     val starts = 0 until graph.inputs
+    val now = System.currentTimeMillis()
+    entries.filterInPlace { case (_, e) => now - e.usedAtMs < IdleMs }
     val entry = entries.getOrElseUpdate((runId, operatorId),
-      new Entry(starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap, new StatisticsHistory(settings.history), System.currentTimeMillis(), None))
+      new Entry(starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap, new StatisticsHistory(settings.history), now, None, now))
     entry.synchronized {
+      entry.usedAtMs = now
       entry.pending.foreach { accumulator =>
         val counters = accumulator.value
         if (!counters.isEmpty) entry.history.add(counters.cycle(counters.stored.toIndexedSeq.map(_.toDouble / partitions)))
       }
       entry.pending = None
-      val now = System.currentTimeMillis()
       if (settings.adaptive && !entry.history.isEmpty && now - entry.chosenAtMs >= settings.periodMs) {
         val forecast = entry.history.forecast(settings.smoothing)
         val routes = settings.policy.routes(graph, forecast, settings.costModel(structure), starts)

@@ -15,3 +15,9 @@ trait JoinStore extends AutoCloseable {
   /** Its keys, or its rows where the store does not count keys: the kappa of the probe cost model. */
   def keyCount: Long
 }
+
+/** A store rows can be added to at any time, also between probes (rows arriving one by one). */
+trait AppendableStore extends JoinStore {
+  /** Adds `row` under `key` (no NULL in it). */
+  def add(key: UnsafeRow, row: UnsafeRow): Unit
+}

@@ -27,32 +27,40 @@ object JoinStores {
       metrics: StoreMetrics): Seq[JoinStore] = settings.backend match {
     case StateBackend.Memory =>
       InMemoryStore.build(rows, indexKeys, inputOutput, context)
-    case StateBackend.RocksDB =>
-      val stores = indexKeys.map(_ => RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context))
-      stores.foreach(closeWhenDone(_, context, metrics))
-      fill(rows, indexKeys, inputOutput, stores.map(s => (key: UnsafeRow, row: UnsafeRow) => s.add(key, row)))
-      stores
-    case StateBackend.Auto =>
-      val stores = indexKeys.map(_ => new SpillingStore(context, inputOutput.size, settings.maxStoreMemory.getOrElse(Long.MaxValue),
-        () => RocksDBStore.create(settings.rocksdb, inputOutput.size, input, context)))
-      stores.foreach(closeWhenDone(_, context, metrics))
-      fill(rows, indexKeys, inputOutput, stores.map(s => (key: UnsafeRow, row: UnsafeRow) => s.add(key, row)))
+    case StateBackend.RocksDB | StateBackend.Auto =>
+      val stores = indexKeys.map(_ => appendable(settings, inputOutput.size, input, context, metrics))
+      val add = adder(stores, indexKeys, inputOutput)
+      rows.foreach(add)
       stores
   }
 
-  /** Adds every row to each index whose key for it has no NULL (NULL never equals anything). */
-  private def fill(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute],
-      adds: Seq[(UnsafeRow, UnsafeRow) => Unit]): Unit = {
+  /**
+   * An empty store to add rows to as they arrive: RocksDB with `rocksdb`, else Spark's memory-managed
+   * map, moved to RocksDB if memory is refused. Closed like the others when the task ends.
+   */
+  def appendable(settings: StoreSettings, numFields: Int, input: Int, context: TaskContext, metrics: StoreMetrics): AppendableStore = {
+    val store = settings.backend match {
+      case StateBackend.RocksDB => RocksDBStore.create(settings.rocksdb, numFields, input, context)
+      case StateBackend.Memory | StateBackend.Auto =>
+        new SpillingStore(context, numFields, settings.maxStoreMemory.getOrElse(Long.MaxValue),
+          () => RocksDBStore.create(settings.rocksdb, numFields, input, context))
+    }
+    closeWhenDone(store, context, metrics)
+    store
+  }
+
+  /** Adds a row to each store (`indexKeys` its key, bound to `inputOutput`) whose key for it has no NULL (NULL never equals anything). */
+  def adder(stores: Seq[AppendableStore], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute]): InternalRow => Unit = {
     val keyOf = indexKeys.map(keys => UnsafeProjection.create(keys))
     val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
-    rows.foreach { row =>
+    row => {
       val unsafe = row match {
         case u: UnsafeRow => u
         case other => toUnsafe(other)
       }
       keyOf.indices.foreach { i =>
         val key = keyOf(i)(unsafe)
-        if (!key.anyNull) adds(i)(key, unsafe)
+        if (!key.anyNull) stores(i).add(key, unsafe)
       }
     }
   }

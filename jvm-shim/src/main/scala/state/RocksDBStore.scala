@@ -22,7 +22,7 @@ import org.apache.spark.unsafe.Platform
  * number (one entry per row); value: the row's UnsafeRow bytes. The hash is the prefix RocksDB's
  * bloom filters index, and a probe is a seek to hash|length|key followed by a scan of that prefix.
  */
-final class RocksDBStore private (val directory: File, numFields: Int, settings: RocksDBSettings) extends JoinStore {
+final class RocksDBStore private (val directory: File, numFields: Int, settings: RocksDBSettings) extends AppendableStore {
   private val statistics = new Statistics()
   private val blockCache = new LRUCache(settings.blockCacheSize)
   private val bloomFilter = Option.when(settings.bloomFilterBitsPerKey > 0)(new BloomFilter(settings.bloomFilterBitsPerKey.toDouble, false))
@@ -52,7 +52,7 @@ final class RocksDBStore private (val directory: File, numFields: Int, settings:
   override def isEmpty: Boolean = sequence == 0
   override def keyCount: Long = sequence
 
-  def add(key: UnsafeRow, value: UnsafeRow): Unit =
+  override def add(key: UnsafeRow, value: UnsafeRow): Unit =
     add(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, value.getBaseObject, value.getBaseOffset, value.getSizeInBytes)
 
   /** Adds one row given as raw memory (e.g. moved out of a BytesToBytesMap). */

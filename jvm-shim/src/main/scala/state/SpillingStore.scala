@@ -6,7 +6,7 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.unsafe.map.BytesToBytesMap
 
-import umjoin.spark.state.{JoinStore, RocksDBStore}
+import umjoin.spark.state.{AppendableStore, RocksDBStore}
 
 /**
  * `auto`: a store in Spark's BytesToBytesMap (the map behind Spark's hashed relations, in memory
@@ -14,7 +14,7 @@ import umjoin.spark.state.{JoinStore, RocksDBStore}
  * more than `maxMemory` bytes. Then every row moves to a RocksDB store, and the rest of the input
  * follows. Nothing is lost and the task does not fail for lack of memory.
  */
-final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long, newDiskStore: () => RocksDBStore) extends JoinStore {
+final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long, newDiskStore: () => RocksDBStore) extends AppendableStore {
   private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, context.taskMemoryManager().pageSizeBytes())
   private var disk: RocksDBStore = _
   private var rows = 0L
@@ -23,8 +23,7 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
   /** The RocksDB store the rows moved to, once they did. */
   def diskStore: Option[RocksDBStore] = Option(disk)
 
-  /** Adds a row under `key` (without NULLs). */
-  def add(key: UnsafeRow, value: UnsafeRow): Unit = {
+  override def add(key: UnsafeRow, value: UnsafeRow): Unit = {
     rows += 1
     if (disk == null) {
       val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)

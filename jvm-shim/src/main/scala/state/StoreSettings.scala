@@ -4,7 +4,7 @@ import java.io.File
 
 import org.apache.spark.SparkEnv
 
-/** Where UMJoin keeps the stores it builds itself (broadcast inputs stay Spark's broadcast hash maps). */
+/** Where UMJoin keeps the stores its tasks build. */
 sealed trait StateBackend
 
 object StateBackend {
