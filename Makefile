@@ -12,7 +12,7 @@ BENCH_REPS ?= 3
 BENCH_MEMORY_SF ?= 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build browser test report demo bench bench-memory bench-streaming clean
+.PHONY: venv build browser test report demo bench bench-memory bench-streaming bench-probe-order clean
 
 venv: $(INSTALLED)
 
@@ -54,6 +54,11 @@ bench-memory: build
 bench-streaming: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/umjoin bench-streaming --sf $(BENCH_MEMORY_SF) --out bench/results
+
+# Paper 001's probe-order experiments: the 4-way TPC-DS join's rows replayed in random order, 24 initial orders x policies.
+bench-probe-order: build
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/umjoin bench-probe-order --out bench/results
 
 clean:
 	rm -rf build $(JAR)

@@ -241,21 +241,29 @@ def _write_shifting_tables(directory: Path) -> None:
     con.close()
 
 
-def test_route_changes_inside_a_task_lose_and_duplicate_no_row(spark: SparkSession, tmp_path: Path) -> None:
-    _write_shifting_tables(tmp_path)
+SHIFT_SQL = """SELECT s.id, a.va, b.vb, c.vc FROM shift_s s JOIN shift_a a ON s.a = a.a
+               JOIN shift_b b ON s.b = b.b JOIN shift_c c ON c.a = a.a"""
+
+
+@pytest.fixture(scope="module")
+def shifting_views(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("shifting")
+    _write_shifting_tables(directory)
     for table in ("s", "a", "b", "c"):
-        spark.read.parquet(str(tmp_path / f"{table}.parquet")).createOrReplaceTempView(f"shift_{table}")
-    sql = """SELECT s.id, a.va, b.vb, c.vc FROM shift_s s JOIN shift_a a ON s.a = a.a
-             JOIN shift_b b ON s.b = b.b JOIN shift_c c ON c.a = a.a"""
+        spark.read.parquet(str(directory / f"{table}.parquet")).createOrReplaceTempView(f"shift_{table}")
+    return directory
+
+
+def test_route_changes_inside_a_task_lose_and_duplicate_no_row(spark: SparkSession, shifting_views: Path) -> None:
     con = duckdb.connect()
     for table in ("s", "a", "b", "c"):
-        con.execute(f"CREATE VIEW shift_{table} AS SELECT * FROM '{tmp_path / table}.parquet'")
-    expected = sorted(con.execute(sql).fetchall())
+        con.execute(f"CREATE VIEW shift_{table} AS SELECT * FROM '{shifting_views / table}.parquet'")
+    expected = sorted(con.execute(SHIFT_SQL).fetchall())
     assert len(expected) == 2 * 400  # 400 rows of s find a and b; c has two rows per key
     settings = {"spark.sql.adaptive.enabled": "false", "spark.umjoin.probeOrder": "dpPick",
                 "spark.umjoin.dpPick.cycleRows": "500", "spark.umjoin.dpPick.history": "2"}
     with temporary_conf(spark, settings):
-        df = spark.sql(sql)
+        df = spark.sql(SHIFT_SQL)
         actual = sorted(tuple(r) for r in df.collect())
         (node,) = plans.umjoin_nodes(plans.physical_plan(df))
     assert actual == expected
@@ -284,3 +292,48 @@ def test_invalid_probe_order_setting_names_the_key(spark: SparkSession, tpch_dat
             spark.sql(tpch.query_text(5)).collect()
     message = str(failure.value)
     assert key in message and f"'{value}'" in message and expected in message
+
+
+# --- The arrival replay behind `make bench-probe-order` ----------------------------------------
+
+def test_arrival_replay_gives_sparks_rows_under_every_policy_and_backend(spark: SparkSession, shifting_views: Path) -> None:
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        replay = spark.sparkContext._jvm.umjoin.spark.exec.ArrivalReplay.prepare(spark.sql(SHIFT_SQL)._jdf)
+        try:
+            # <input label>.<column>; the inputs are files s, a, b, c, which the query aliases by the same letters.
+            columns = replay.resultColumns()
+            runs = [{"initialOrder": ["c", "b", "a", "s"],
+                     "conf": {"spark.umjoin.probeOrder": policy, "spark.umjoin.stateBackend": backend,
+                              "spark.umjoin.dpPick.cycleRows": "97", "spark.umjoin.dpPick.history": "3"}}
+                    for policy in ("fixed", *ADAPTIVE) for backend in ("memory", "rocksdb")]
+            results = json.loads(replay.replayJson(json.dumps({"seed": 7, "checksum": True, "runs": runs})))
+        finally:
+            replay.release()
+        # The same rows from Spark's own plan: their count and the same checksum over the same columns.
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            where = SHIFT_SQL[SHIFT_SQL.index(" FROM "):]
+            count, checksum = spark.sql(f"SELECT count(*), sum(xxhash64({columns}) & 4294967295){where}").first()
+    assert count == 800
+    assert [(r["rows"], r["checksum"]) for r in results] == [(count, checksum)] * len(runs)
+    changes = {run["conf"]["spark.umjoin.probeOrder"]: result["routeChanges"] for run, result in zip(runs, results)}
+    assert changes["fixed"] == 0 and changes["dpPick"] > 0, changes
+
+
+def test_arrival_replay_explains_what_it_cannot_replay(spark: SparkSession, shifting_views: Path) -> None:
+    jvm_replay = spark.sparkContext._jvm.umjoin.spark.exec.ArrivalReplay
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "true"}):
+        with pytest.raises(Exception, match="set spark.sql.adaptive.enabled=false"):
+            jvm_replay.prepare(spark.sql(SHIFT_SQL)._jdf)
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        with pytest.raises(Exception, match="has no UMJoin to replay"):
+            jvm_replay.prepare(spark.sql("SELECT * FROM shift_a")._jdf)
+        replay = jvm_replay.prepare(spark.sql(SHIFT_SQL)._jdf)
+        try:
+            assert sorted(replay.labelList().split(",")) == ["a", "b", "c", "s"]
+            with pytest.raises(Exception, match="unknown input 'orders'"):
+                replay.replayJson(json.dumps({"runs": [{"initialOrder": ["orders", "b", "a", "s"]}]}))
+            with pytest.raises(Exception, match="Invalid value 'soon' for spark.umjoin.probeOrder"):
+                replay.replayJson(json.dumps({"runs": [{"initialOrder": ["c", "b", "a", "s"],
+                                                        "conf": {"spark.umjoin.probeOrder": "soon"}}]}))
+        finally:
+            replay.release()

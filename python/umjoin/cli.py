@@ -1,4 +1,4 @@
-"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming."""
+"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-probe-order."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def _query_numbers(text: str) -> list[int]:
     if bad:
         raise argparse.ArgumentTypeError(f"TPC-H has queries 1-22, not {bad}")
     return numbers
+
+
+def _whole(text: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _numbers(text: str) -> list[int]:
+    """Comma-separated whole numbers of at least 1, e.g. 500,2000,10000."""
+    return [_whole(part) for part in text.split(",")]
 
 
 def _positive(text: str) -> float:
@@ -76,6 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
     streaming.add_argument("--batches", type=int, default=20, help="micro-batches the streams are cut into (default 20)")
     streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
+
+    order = commands.add_parser("bench-probe-order", help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
+    order.add_argument("--sf", type=_positive, default=0.3, help="TPC-DS scale factor (default 0.3)")
+    order.add_argument("--backend", choices=("memory", "rocksdb"), default="memory", help="the stores (default memory)")
+    order.add_argument("--cycle-rows", type=_whole, default=2000, help="T: arrivals per statistics cycle (default 2000)")
+    order.add_argument("--history", type=_whole, default=20, help="L: cycles the forecast reads (default 20)")
+    order.add_argument("--periods", type=_numbers, default=[250, 500, 1000, 2000, 5000, 10000, 25000], help="T values swept")
+    order.add_argument("--histories", type=_numbers, default=[1, 2, 5, 10, 20, 50, 100, 200], help="L values swept")
+    order.add_argument("--repetitions", type=_whole, default=1, help="replays per cell; the median is reported (default 1)")
+    order.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     return parser
 
 
@@ -119,6 +145,14 @@ def _run(args: argparse.Namespace) -> int:
         from umjoin.bench_streaming import run_streaming_bench
 
         run_streaming_bench(args.sf, args.batches, args.out)
+        return 0
+    if args.command == "bench-probe-order":
+        from umjoin.bench_probe_order import run_probe_order_bench
+
+        spark = local_builder("umjoin-bench-probe-order", shuffle_partitions=2, driver_memory="6g").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        run_probe_order_bench(spark, args.sf, args.out, args.backend, args.cycle_rows, args.history, args.periods,
+                              args.histories, args.repetitions)
         return 0
     if args.command == "bench-memory":
         from umjoin.bench_memory import run_memory_bench

@@ -47,7 +47,8 @@ case class UMJoinExec(
 
   private def streamed: Int = route.start
 
-  private def joinGraph: JoinGraph = JoinGraph(children.size,
+  /** The join the node computes: its key classes and residual conditions. */
+  def joinGraph: JoinGraph = JoinGraph(children.size,
     classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
     residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
 
@@ -216,6 +217,8 @@ final class AdaptiveRouting(
 
   val counters: ProbeCounters = new ProbeCounters(graph.inputs)
   private val history = new StatisticsHistory(settings.history)
+  // A route compiled once: policies often return to a route they left (code generation costs milliseconds).
+  private val compiled = scala.collection.mutable.HashMap[ProbeRoute, CompiledRoute]()
   override def cycleRows: Long = settings.cycleRows
 
   override def next(): Option[CompiledRoute] = {
@@ -229,7 +232,7 @@ final class AdaptiveRouting(
     else {
       current = route
       changes += 1
-      Some(compile(route))
+      Some(compiled.getOrElseUpdate(route, compile(route)))
     }
   }
 }

@@ -90,12 +90,17 @@ final class RocksDBStore private (val directory: File, numFields: Int, settings:
   }
 
   override def sizeInBytes: Long = memtableBytes + diskBytes
-  def memtableBytes: Long = db.getLongProperty("rocksdb.cur-size-all-mem-tables")
-  def diskBytes: Long = db.getLongProperty("rocksdb.total-sst-files-size")
-  def blockCacheHits: Long = statistics.getTickerCount(TickerType.BLOCK_CACHE_HIT)
-  def blockCacheMisses: Long = statistics.getTickerCount(TickerType.BLOCK_CACHE_MISS)
+  def memtableBytes: Long = atClose.map(_._1).getOrElse(db.getLongProperty("rocksdb.cur-size-all-mem-tables"))
+  def diskBytes: Long = atClose.map(_._2).getOrElse(db.getLongProperty("rocksdb.total-sst-files-size"))
+  def blockCacheHits: Long = atClose.map(_._3).getOrElse(statistics.getTickerCount(TickerType.BLOCK_CACHE_HIT))
+  def blockCacheMisses: Long = atClose.map(_._4).getOrElse(statistics.getTickerCount(TickerType.BLOCK_CACHE_MISS))
 
-  override def close(): Unit = {
+  // The figures at close (memtable, disk, cache hits, misses): native objects cannot be asked once closed.
+  private var atClose : Option[(Long, Long, Long, Long)] = None
+
+  /** Frees the native memory and deletes the directory; closing again does nothing. */
+  override def close(): Unit = if (atClose.isEmpty) {
+    atClose = Some((memtableBytes, diskBytes, blockCacheHits, blockCacheMisses))
     closeIterator()
     Seq(batch, readOptions, writeOptions, db, options, blockCache, statistics).foreach(_.close())
     bloomFilter.foreach(_.close())

@@ -64,10 +64,12 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
 
   override def isEmpty: Boolean = rows == 0
   override def keyCount: Long = rows
-  override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else map.getTotalMemoryConsumption
+  override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else if (map != null) map.getTotalMemoryConsumption else 0L
 
+  /** Frees the map's memory (and closes the RocksDB store); closing again does nothing. */
   override def close(): Unit = {
     if (map != null) map.free()
+    map = null
     if (disk != null) disk.close()
   }
 }
