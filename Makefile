@@ -55,10 +55,12 @@ bench-streaming: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/umjoin bench-streaming --sf $(BENCH_MEMORY_SF) --out bench/results
 
-# Paper 001's probe-order experiments: the 4-way TPC-DS join's rows replayed in random order, 24 initial orders x policies.
+# Paper 001's probe-order experiments: the 4-way TPC-DS join's rows replayed in random order, 24 initial
+# orders x policies; in-memory stores at SF 1, RocksDB stores (slower probes) at SF 0.3. About an hour.
 bench-probe-order: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench-probe-order --out bench/results
+	$(VENV)/bin/umjoin bench-probe-order --sf 1 --backend memory --out bench/results
+	$(VENV)/bin/umjoin bench-probe-order --sf 0.3 --backend rocksdb --out bench/results
 
 clean:
 	rm -rf build $(JAR)

@@ -151,25 +151,6 @@ def test_failed_and_retried_task_leaves_no_store(tmp_path: Path) -> None:
     assert result == {"same": True, "rows": star_rows(), "left": []}
 
 
-@pytest.mark.parametrize(
-    ("key", "value", "expected"),
-    [
-        ("spark.umjoin.stateBackend", "disk", "expected auto or memory or rocksdb"),
-        ("spark.umjoin.rocksdb.writeBufferSize", "lots", "a size such as 64k, 8m or 1g, at least 65536 bytes"),
-        ("spark.umjoin.rocksdb.writeBufferSize", "-8m", "a size such as 64k, 8m or 1g"),
-        ("spark.umjoin.rocksdb.writeBufferSize", "1k", "at least 65536 bytes"),
-        ("spark.umjoin.rocksdb.blockCacheSize", "-5m", "a size such as 64k, 8m or 1g"),
-        ("spark.umjoin.rocksdb.bloomFilterBitsPerKey", "-1", "an integer >= 0"),
-        ("spark.umjoin.rocksdb.bloomFilterBitsPerKey", "ten", "an integer >= 0"),
-        ("spark.umjoin.auto.maxStoreMemory", "big", "a size such as 64k, 8m or 1g"),
-    ],
-)
-def test_invalid_knob_names_the_knob(spark: SparkSession, star: None, key: str, value: str, expected: str) -> None:
-    with temporary_conf(spark, {key: value}):
-        with pytest.raises(Exception) as failure:
-            spark.sql(STAR_SQL).collect()
-    message = str(failure.value)
-    assert key in message and f"'{value}'" in message and expected in message, message
 
 
 def test_unwritable_local_dir_names_the_knob(spark: SparkSession, star: None, tmp_path: Path) -> None:

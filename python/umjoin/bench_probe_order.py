@@ -104,7 +104,7 @@ def run_probe_order_bench(spark: SparkSession, sf: float, out: Path, backend: st
 
     summary = _summary(comparative)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"probe_order_tpcds_sf{sf:g}"
+    name = f"probe_order_tpcds_sf{sf:g}_{backend}"
     setup = {"sf": sf, "backend": backend, "arrivals": arrivals, "expected_rows": expected, "T": cycle_rows, "L": history,
              "repetitions": repetitions, "seed": seed, "minutes": round((time.perf_counter() - started) / 60, 1)}
     (out / f"{name}.json").write_text(json.dumps({"setup": setup, "summary": summary, "paper": PAPER, "comparative": comparative,

@@ -34,7 +34,7 @@ final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: St
 
   /** The expected cost of one step along `edge` and everything after it (Eq. 8). */
   def step(edge: (Int, Int), stats: CycleStatistics, rest: Double): Double = {
-    val (gamma, mu) = ProbeOrder.rateOf(edge, stats)
+    val (gamma, mu) = stats.rateOf(edge)
     alphaQuery * f(stats.keys(edge._2)) + gamma * (alphaMatch * mu + rest)
   }
 }
@@ -63,7 +63,7 @@ object ProbeOrderPolicy {
     override val name = "selectivityFirst"
     override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
-        val (gamma, mu) = ProbeOrder.rateOf((from, to), stats)
+        val (gamma, mu) = stats.rateOf((from, to))
         gamma * mu
       }).toMap
   }
@@ -84,10 +84,6 @@ object ProbeOrderPolicy {
 }
 
 object ProbeOrder {
-
-  /** gamma and mu of a probe pair; a pair never probed counts as matching once per probe (no evidence either way). */
-  def rateOf(edge: (Int, Int), stats: CycleStatistics): (Double, Double) =
-    (stats.matchRate.getOrElse(edge, 1.0), stats.matchesPerSuccess.getOrElse(edge, 1.0))
 
   /** A route's expected cost per streamed row by Eq. 8 (the sum over its steps, from the last back). */
   def cost(route: ProbeRoute, stats: CycleStatistics, model: CostModel): Double =

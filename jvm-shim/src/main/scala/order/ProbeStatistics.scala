@@ -5,7 +5,24 @@ package umjoin.spark.order
  * the store probed) the match rate gamma = probes that found rows / probes and the rows per
  * successful probe mu; per store its number of keys kappa. Pairs not probed in the cycle are absent.
  */
-final case class CycleStatistics(matchRate: Map[(Int, Int), Double], matchesPerSuccess: Map[(Int, Int), Double], keys: IndexedSeq[Double])
+final case class CycleStatistics(matchRate: Map[(Int, Int), Double], matchesPerSuccess: Map[(Int, Int), Double], keys: IndexedSeq[Double]) {
+
+  /**
+   * gamma and mu of a probe pair. A pair not observed takes the mean of the pairs observed into the
+   * same store (the store is the same, only the bound rows differ), else 1 and 1: no evidence. Without
+   * this, a route's unobserved pairs look cheaper than the observed ones into the same store, and
+   * a policy would keep trying them.
+   */
+  def rateOf(edge: (Int, Int)): (Double, Double) =
+    (matchRate.getOrElse(edge, storeMatchRate.getOrElse(edge._2, 1.0)),
+      matchesPerSuccess.getOrElse(edge, storeMatchesPerSuccess.getOrElse(edge._2, 1.0)))
+
+  private lazy val storeMatchRate: Map[Int, Double] = meanByStore(matchRate)
+  private lazy val storeMatchesPerSuccess: Map[Int, Double] = meanByStore(matchesPerSuccess)
+
+  private def meanByStore(byPair: Map[(Int, Int), Double]): Map[Int, Double] =
+    byPair.groupBy(_._1._2).map { case (store, pairs) => store -> pairs.values.sum / pairs.size }
+}
 
 /** Counters filled while probing, one cycle at a time. Mergeable: tasks' counters add up on the driver. */
 final class ProbeCounters(val inputs: Int) extends Serializable {

@@ -36,14 +36,18 @@ object JoinStores {
 
   /**
    * An empty store to add rows to as they arrive: RocksDB with `rocksdb`, else Spark's memory-managed
-   * map, moved to RocksDB if memory is refused. Closed like the others when the task ends.
+   * map, with `auto` moved to RocksDB if memory is refused. Closed like the others when the task ends.
    */
   def appendable(settings: StoreSettings, numFields: Int, input: Int, context: TaskContext, metrics: StoreMetrics): AppendableStore = {
     val store = settings.backend match {
       case StateBackend.RocksDB => RocksDBStore.create(settings.rocksdb, numFields, input, context)
-      case StateBackend.Memory | StateBackend.Auto =>
+      case StateBackend.Auto =>
         new SpillingStore(context, numFields, settings.maxStoreMemory.getOrElse(Long.MaxValue),
           () => RocksDBStore.create(settings.rocksdb, numFields, input, context))
+      case StateBackend.Memory =>
+        new SpillingStore(context, numFields, Long.MaxValue, () => throw new IllegalStateException(
+          s"UMJoin's in-memory store of input $input ran out of task memory; set spark.umjoin.stateBackend=auto " +
+            "(moves it to RocksDB) or rocksdb, or give Spark more memory"))
     }
     closeWhenDone(store, context, metrics)
     store
