@@ -17,7 +17,7 @@ import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoder
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
 import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
-import umjoin.spark.planning.{JoinGraph, KeyClass, ProbeSteps, ResidualCondition}
+import umjoin.spark.planning.{JoinGraph, ProbeSteps}
 import umjoin.spark.state.JoinStore
 
 /**
@@ -64,9 +64,7 @@ case class StreamingUMJoinExec(
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = children.indices.map(StreamingUMJoinExec.storeName)
 
-  private def joinGraph: JoinGraph = JoinGraph(children.size,
-    classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
-    residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
+  private def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
 
   override def requiredChildDistribution: Seq[Distribution] =
     keys.map(k => StatefulOpClusteredDistribution(Seq(k), getStateInfo.numPartitions))

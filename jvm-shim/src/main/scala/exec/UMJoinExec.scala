@@ -13,7 +13,7 @@ import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.order.{ProbeCounters, ProbeGraph, ProbeOrderSettings, ProbeRoute, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.{JoinGraph, KeyClass, ProbeSteps, ResidualCondition, RoutePlan}
+import umjoin.spark.planning.{JoinGraph, ProbeSteps, RoutePlan}
 import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
 
 /**
@@ -48,9 +48,7 @@ case class UMJoinExec(
   private def streamed: Int = route.start
 
   /** The join the node computes: its key classes and residual conditions. */
-  def joinGraph: JoinGraph = JoinGraph(children.size,
-    classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
-    residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
+  def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
 
   private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, i => indexes(i).toSet)
 

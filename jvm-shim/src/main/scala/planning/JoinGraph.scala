@@ -51,6 +51,16 @@ final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Se
 object JoinGraph {
 
   /**
+   * The graph from the flat fields a physical UMJoin node keeps it in (expressions directly in the
+   * node's fields, so that Catalyst's expression transforms reach them).
+   */
+  def fromFields(numInputs: Int, classInputs: Seq[Seq[Int]], classKeys: Seq[Seq[Expression]],
+      residuals: Seq[Expression], residualInputs: Seq[Seq[Int]]): JoinGraph =
+    JoinGraph(numInputs,
+      classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
+      residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) })
+
+  /**
    * Builds the graph, or explains why the group cannot run as one inner multi-way join. The group's
    * result is the conjunction of `conjuncts` over the inputs' rows, projected to `output`; that is
    * only the same as the binary join tree if every condition is deterministic, subquery-free and
