@@ -6,23 +6,27 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, BindReferences, Cast, Expression}
-import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, BroadcastMode, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
+import org.apache.spark.sql.execution.{SQLExecution, SparkPlan}
+import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.order.{ProbeCounters, ProbeGraph, ProbeOrderSettings, ProbeRoute, StatisticsHistory, StoreStructure}
 import umjoin.spark.planning.{JoinGraph, ProbeSteps, RoutePlan}
+import org.apache.spark.sql.execution.umjoin.BroadcastTable
 import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
 
 /**
  * The batch UMJoin: one multi-way inner join over `children` (the inputs of a TSC group). The join
  * is its key classes (`classInputs(c)` take part in class c with `classKeys(c)`) and residual
  * conditions. Every input but the streamed one (`route.start`) is kept in stores, one per key class
- * in `indexes`, in stores of `spark.umjoin.stateBackend` that live as long as the task: a
- * partitioned input's partition, or a broadcast input's rows (broadcast once, indexed per task). Each streamed row then
- * probes the stores along the route (see [[ProbeCore]]); with an adaptive `probeOrder` the route is
+ * in `indexes`. A partitioned input's partition is stored per task, in stores of
+ * `spark.umjoin.stateBackend` that live as long as the task. A broadcast input stored under one key
+ * class is Spark's hash table on that key, built once and shared by the tasks of an executor; one
+ * stored under several (an adaptive order may probe it through any) arrives as rows each task
+ * indexes. Each streamed row then probes the stores along the route (see [[ProbeCore]]); with an adaptive `probeOrder` the route is
  * chosen again every cycle from the statistics of the probes so far.
  *
  * @param inputLabels   what each input reads (table names), for plans people read
@@ -53,7 +57,7 @@ case class UMJoinExec(
   private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, i => indexes(i).toSet)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { i =>
-    if (broadcast(i)) UMJoinExec.broadcastDistribution
+    if (broadcast(i)) BroadcastDistribution(UMJoinExec.broadcastMode(joinGraph, indexes(i), i, children(i).output))
     else partitionKeys(i).map(k => ClusteredDistribution(Seq(k))).getOrElse(UnspecifiedDistribution)
   }
 
@@ -100,7 +104,13 @@ case class UMJoinExec(
 
   override protected def doExecute(): RDD[InternalRow] = {
     val stores = UMJoinConf.from(conf).stores
-    val broadcasts = children.indices.filter(broadcast).map(i => i -> children(i).executeBroadcast[Array[InternalRow]]()).toMap
+    val (hashed, asRows) = children.indices.filter(broadcast).partition(i => indexes(i).size == 1)
+    val tables = hashed.map(i => i -> BroadcastTable.of(children(i))).toMap
+    val broadcastRows = asRows.map(i => i -> children(i).executeBroadcast[Array[InternalRow]]()).toMap
+    // A shared hash table is one store, whatever the number of tasks: its size counts once.
+    tables.foreach { case (i, table) => inputMetrics(i).storeSize.set(table.sizeInBytes) }
+    SQLMetrics.postDriverMetricUpdates(sparkContext, sparkContext.getLocalProperty(SQLExecution.EXECUTION_ID_KEY),
+      tables.keys.map(i => inputMetrics(i).storeSize).toSeq)
     val local = children.indices.filterNot(broadcast)
     // Everything the tasks need, copied out of the plan so the closure does not capture it.
     val (graph, indexed, start, settings, resultAttrs) = (joinGraph, indexes, route, probeOrder, output)
@@ -114,12 +124,16 @@ case class UMJoinExec(
       val rowsOf = local.zip(iterators).toMap
       // Per (input, key class): the store probed through that class.
       val indexOf: Map[(Int, Int), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
-        val keys = indexed(i).map(c => Seq(UMJoinExec.hashable(BindReferences.bindReference(graph.classes(c).keyOf(i).get, outputs(i)))))
-        // A broadcast input is indexed by every task that probes it, in that task's memory (rows in: counted once, by the broadcast).
-        val rows = broadcasts.get(i).map(_.value.iterator).getOrElse(countRows(rowsOf(i), allMetrics(i).rowsIn))
-        val built = JoinStores.build(stores, rows, keys, outputs(i), i, context, allStoreMetrics(i))
-        built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
-        indexed(i).zip(built).map { case (c, store) => (i, c) -> store }
+        tables.get(i) match {
+          case Some(table) => Seq((i, indexed(i).head) -> table.store())
+          case None =>
+            val keys = indexed(i).map(c => Seq(UMJoinExec.storeKey(graph, c, i, outputs(i))))
+            // Rows in of a broadcast input: counted once, by its broadcast exchange.
+            val rows = broadcastRows.get(i).map(_.value.iterator).getOrElse(countRows(rowsOf(i), allMetrics(i).rowsIn))
+            val built = JoinStores.build(stores, rows, keys, outputs(i), i, context, allStoreMetrics(i))
+            built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
+            indexed(i).zip(built).map { case (c, store) => (i, c) -> store }
+        }
       }.toMap
 
       def compile(route: ProbeRoute): CompiledRoute = CompiledRoute(ProbeSteps.along(graph, route, i => indexed(i).toSet),
@@ -191,8 +205,19 @@ case class UMJoinExec(
 }
 
 object UMJoinExec {
-  /** Broadcast inputs travel as rows; each task indexes them by the keys its routes need. */
-  val broadcastDistribution: BroadcastDistribution = BroadcastDistribution(IdentityBroadcastMode)
+  /** Input `input`'s store key for key class `keyClass`, bound to the input's output. */
+  def storeKey(graph: JoinGraph, keyClass: Int, input: Int, inputOutput: Seq[Attribute]): Expression =
+    hashable(BindReferences.bindReference(graph.classes(keyClass).keyOf(input).get, inputOutput))
+
+  /**
+   * How a broadcast input stored under the key classes `indexes` travels: under one class as Spark's
+   * hash table on that key (built once, as for Spark's broadcast hash join, and reusable by both);
+   * under several as rows, which each task indexes by every class.
+   */
+  def broadcastMode(graph: JoinGraph, indexes: Seq[Int], input: Int, inputOutput: Seq[Attribute]): BroadcastMode = indexes match {
+    case Seq(keyClass) => HashedRelationBroadcastMode(Seq(storeKey(graph, keyClass, input, inputOutput)))
+    case _ => IdentityBroadcastMode
+  }
 
   /** A single integral key is hashed as a long, so Spark's dense long-keyed hash map serves it. */
   def hashable(key: Expression): Expression =

@@ -5,6 +5,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{IsNotNull, PredicateHelper}
 import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
+import org.apache.spark.sql.catalyst.plans.physical.BroadcastDistribution
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
 
@@ -88,15 +89,16 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * Under AQE, an input that is already a broadcast stage was broadcast for an earlier plan of this
-   * group; the plan must read it the way it was broadcast: as rows (a UMJoin's own broadcast), not a
-   * hash table Spark built for one of its joins.
+   * Under AQE, an input that is already a broadcast stage was broadcast for an earlier plan; the
+   * plan must read it the way it was broadcast: as a hash table on the same key (Spark's or a
+   * UMJoin's), or as rows.
    */
   private def keepsExistingBroadcasts(inputs: Seq[LogicalPlan], plan: UMJoinPlan): Boolean =
     inputs.indices.forall { i =>
       inputs(i) match {
         case LogicalQueryStage(_, stage: BroadcastQueryStageExec) =>
-          plan.placements(i) == InputPlacement.Broadcast && stage.outputPartitioning.satisfies(UMJoinExec.broadcastDistribution)
+          plan.placements(i) == InputPlacement.Broadcast && stage.outputPartitioning.satisfies(
+            BroadcastDistribution(UMJoinExec.broadcastMode(plan.graph, plan.indexes(i), i, stage.output)))
         case _ => true
       }
     }

@@ -9,7 +9,7 @@ import umjoin.spark.order.{ProbeOrder, ProbeRoute}
 sealed trait InputPlacement
 
 object InputPlacement {
-  /** Every task gets the whole input: broadcast once as rows, indexed once per executor. */
+  /** Every task gets the whole input (as a hash table or as rows: `UMJoinExec.broadcastMode`). */
   case object Broadcast extends InputPlacement
   /** The streamed input, read as its child delivers it (every other input is broadcast). */
   case object AsIs extends InputPlacement

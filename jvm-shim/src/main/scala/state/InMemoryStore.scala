@@ -4,15 +4,19 @@
 package org.apache.spark.sql.execution.umjoin
 
 import org.apache.spark.TaskContext
+import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeProjection, UnsafeRow}
-import org.apache.spark.sql.execution.ExternalAppendOnlyUnsafeRowArray
+import org.apache.spark.sql.execution.{ExternalAppendOnlyUnsafeRowArray, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelation
 
 import umjoin.spark.state.JoinStore
 
-/** A store in Spark's own memory-managed hash map (BytesToBytesMap / LongToUnsafeRowMap of UnsafeRows). */
-final class InMemoryStore private (relation: HashedRelation) extends JoinStore {
+/**
+ * A store in Spark's own memory-managed hash map (BytesToBytesMap / LongToUnsafeRowMap of UnsafeRows).
+ * `owned`: the task built it and frees it; otherwise it is a broadcast table other tasks share.
+ */
+final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Boolean) extends JoinStore {
   override val isEmpty: Boolean = !relation.keys().hasNext
   override def get(key: UnsafeRow): Iterator[InternalRow] = {
     val rows = relation.get(key)
@@ -20,7 +24,7 @@ final class InMemoryStore private (relation: HashedRelation) extends JoinStore {
   }
   override def sizeInBytes: Long = relation.estimatedSize
   override lazy val keyCount: Long = relation.keys().size.toLong
-  override def close(): Unit = relation.close()
+  override def close(): Unit = if (owned) relation.close()
 }
 
 object InMemoryStore {
@@ -38,15 +42,28 @@ object InMemoryStore {
       case other => toUnsafe(other)
     }
     val stores = indexKeys match {
-      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(unsafeRows, keys, 64, context.taskMemoryManager())))
+      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(unsafeRows, keys, 64, context.taskMemoryManager()), owned = true))
       case _ =>
         val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
         unsafeRows.foreach(buffer.add)
-        val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager())))
+        val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
         buffer.clear()
         built
     }
     stores.foreach(store => context.addTaskCompletionListener[Unit](_ => store.close()))
     stores
   }
+}
+
+/** A broadcast input's hash table (its plan's broadcast mode is HashedRelationBroadcastMode), as a UMJoin's tasks use it. */
+final class BroadcastTable private (broadcast: Broadcast[HashedRelation]) extends Serializable {
+  /** The table's size, read where it was built (the driver). */
+  def sizeInBytes: Long = broadcast.value.estimatedSize
+
+  /** A task's view of the table (its own read cursor over the map the executor's tasks share); never freed by the task. */
+  def store(): InMemoryStore = new InMemoryStore(broadcast.value.asReadOnlyCopy(), owned = false)
+}
+
+object BroadcastTable {
+  def of(plan: SparkPlan): BroadcastTable = new BroadcastTable(plan.executeBroadcast[HashedRelation]())
 }
