@@ -9,7 +9,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{Dataset, Row}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, UnsafeProjection, XxHash64}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection, XxHash64}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeLike, ShuffleExchangeLike}
@@ -18,7 +18,7 @@ import org.apache.spark.storage.StorageLevel
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.order.{ProbeCounters, ProbeOrder, ProbeRoute, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.{JoinGraph, ProbeSteps}
+import umjoin.spark.planning.{JoinGraph, ProbeSteps, StoreIndex}
 import umjoin.spark.state.{AppendableStore, JoinStores, StateBackend, StoreMetrics}
 
 /** One replay: the initial probe order (input indexes, most preferred first) and the spark.umjoin.* settings it runs with. */
@@ -170,17 +170,17 @@ private final class ReplayTask(
 
   private val n = outputs.size
   private val settings = run.settings.probeOrder
-  private val classesOf: IndexedSeq[Seq[Int]] = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
+  private val indexesOf: IndexedSeq[Seq[StoreIndex]] =
+    (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)).map(StoreIndex.single))
   private def metric(): SQLMetric = new SQLMetric("sum")
   private val metrics = IndexedSeq.fill(n)(InputMetrics(metric(), metric(), metric(), metric(), metric()))
   private val storeMetrics = StoreMetrics(metric(), metric(), metric(), metric(), metric())
   private val outputRows = metric()
-  private val stores: Map[(Int, Int), AppendableStore] = (0 until n).flatMap { i =>
-    classesOf(i).map(c => (i, c) -> JoinStores.appendable(run.settings.stores, outputs(i).size, i, context, storeMetrics))
+  private val stores: Map[(Int, StoreIndex), AppendableStore] = (0 until n).flatMap { i =>
+    indexesOf(i).map(index => (i, index) -> JoinStores.appendable(run.settings.stores, outputs(i).size, i, context, storeMetrics))
   }.toMap
   private val addTo: IndexedSeq[InternalRow => Unit] = (0 until n).map { i =>
-    val keys = classesOf(i).map(c => Seq(UMJoinExec.hashable(BindReferences.bindReference(graph.classes(c).keyOf(i).get, outputs(i)))))
-    JoinStores.adder(classesOf(i).map(c => stores((i, c))), keys, outputs(i))
+    JoinStores.adder(indexesOf(i).map(index => stores((i, index))), indexesOf(i).map(UMJoinExec.storeKeys(graph, _, i, outputs(i))), outputs(i))
   }
   private val structure = if (run.settings.stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
   private val probeGraph = ProbeSteps.graph(graph)
@@ -189,7 +189,7 @@ private final class ReplayTask(
   // A route compiled once: policies often return to a route they left (code generation costs milliseconds).
   private val compiled = mutable.HashMap[ProbeRoute, ProbeCore]()
   private def core(route: ProbeRoute): ProbeCore = compiled.getOrElseUpdate(route, new ProbeCore(
-    CompiledRoute(ProbeSteps.along(graph, route, i => classesOf(i).toSet), outputs, result, (input, c) => stores((input, c)),
+    CompiledRoute(ProbeSteps.along(graph, route, indexesOf), outputs, result, (input, index) => stores((input, index)),
       UMJoinExec.hashable, metrics, context.partitionId()),
     metrics(route.start), outputRows, context, Option.when(settings.adaptive)(counters)))
 
@@ -204,7 +204,7 @@ private final class ReplayTask(
     while (k < arrivals.length) {
       if (settings.adaptive && k > 0 && k % settings.cycleRows == 0 && !counters.isEmpty) {
         cycles += 1
-        history.add(counters.cycle((0 until n).map(i => stores((i, classesOf(i).head)).keyCount.toDouble)))
+        history.add(counters.cycle((0 until n).map(i => stores((i, indexesOf(i).head)).keyCount.toDouble)))
         counters.reset()
         val chosen = settings.policy.routes(probeGraph, history.forecast(settings.smoothing), settings.costModel(structure), 0 until n)
         (0 until n).foreach { s =>

@@ -6,7 +6,7 @@ import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate,
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 import umjoin.spark.order.ProbeCounters
-import umjoin.spark.planning.RoutePlan
+import umjoin.spark.planning.{RoutePlan, StoreIndex}
 import umjoin.spark.state.JoinStore
 
 /** Counters of one input, shown as SQL metrics of the UMJoin node. */
@@ -25,15 +25,15 @@ final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: Ba
 object CompiledRoute {
 
   /**
-   * Compiles a route's steps within a task. `storeOf(input, keyClass)` is the store probed through
-   * that class; `keyed` turns a probe key into the form the stores are keyed by.
+   * Compiles a route's steps within a task. `storeOf(input, index)` is the store probed through
+   * that index; `keyed` turns probe keys into the form the stores are keyed by.
    */
   def apply(
       plan: RoutePlan,
       outputs: Seq[Seq[Attribute]],
       result: Seq[Attribute],
-      storeOf: (Int, Int) => JoinStore,
-      keyed: Expression => Expression,
+      storeOf: (Int, StoreIndex) => JoinStore,
+      keyed: Seq[Expression] => Seq[Expression],
       metrics: Seq[InputMetrics],
       partition: Int): CompiledRoute = {
     val order = plan.route.order
@@ -45,8 +45,8 @@ object CompiledRoute {
       p
     }.orNull
     val steps = plan.steps.zipWithIndex.map { case (step, s) =>
-      new ProbeStep(step.input, step.from, storeOf(step.input, step.keyClass),
-        UnsafeProjection.create(Seq(keyed(step.probeKey)), prefixes(s)), predicate(step.conditions, prefixes(s + 1)), metrics(step.input))
+      new ProbeStep(step.input, step.from, storeOf(step.input, step.index),
+        UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)), predicate(step.conditions, prefixes(s + 1)), metrics(step.input))
     }.toArray
     new CompiledRoute(steps, predicate(plan.startConditions, outputs(order.head)), UnsafeProjection.create(result, prefixes.last))
   }

@@ -17,7 +17,7 @@ import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoder
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
 import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
-import umjoin.spark.planning.{JoinGraph, ProbeSteps}
+import umjoin.spark.planning.{JoinGraph, ProbeSteps, StoreIndex}
 import umjoin.spark.state.JoinStore
 
 /**
@@ -174,7 +174,7 @@ case class StreamingUMJoinExec(
           }
           row
         }
-        val route = CompiledRoute(ProbeSteps.along(graph, routes(s), _ => Set(shared)), outputs, resultAttrs,
+        val route = CompiledRoute(ProbeSteps.along(graph, routes(s), _ => Seq(StoreIndex.single(shared))), outputs, resultAttrs,
           (input, _) => joinStores(input), identity, allMetrics, context.partitionId())
         val core = new ProbeCore(route, allMetrics(s), numOutputRows, context, counters)
         // Rows the probe did not pull (nothing to probe) must still be stored.

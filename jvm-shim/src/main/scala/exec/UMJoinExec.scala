@@ -14,7 +14,7 @@ import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.order.{ProbeCounters, ProbeGraph, ProbeOrderSettings, ProbeRoute, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.{JoinGraph, ProbeSteps, RoutePlan}
+import umjoin.spark.planning.{JoinGraph, ProbeSteps, RoutePlan, StoreIndex}
 import org.apache.spark.sql.execution.umjoin.BroadcastTable
 import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
 
@@ -40,7 +40,7 @@ case class UMJoinExec(
     classKeys: Seq[Seq[Expression]],
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
-    indexes: Seq[Seq[Int]],
+    indexes: Seq[Seq[StoreIndex]],
     route: ProbeRoute,
     probeOrder: ProbeOrderSettings,
     broadcast: Seq[Boolean],
@@ -54,7 +54,7 @@ case class UMJoinExec(
   /** The join the node computes: its key classes and residual conditions. */
   def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
 
-  private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, i => indexes(i).toSet)
+  private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, indexes)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { i =>
     if (broadcast(i)) BroadcastDistribution(UMJoinExec.broadcastMode(joinGraph, indexes(i), i, children(i).output))
@@ -123,21 +123,21 @@ case class UMJoinExec(
     new ZippedInputsRDD[InternalRow, InternalRow](local.map(children(_).execute()), { (context, iterators) =>
       val rowsOf = local.zip(iterators).toMap
       // Per (input, key class): the store probed through that class.
-      val indexOf: Map[(Int, Int), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
+      val indexOf: Map[(Int, StoreIndex), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
         tables.get(i) match {
           case Some(table) => Seq((i, indexed(i).head) -> table.store())
           case None =>
-            val keys = indexed(i).map(c => Seq(UMJoinExec.storeKey(graph, c, i, outputs(i))))
+            val keys = indexed(i).map(UMJoinExec.storeKeys(graph, _, i, outputs(i)))
             // Rows in of a broadcast input: counted once, by its broadcast exchange.
             val rows = broadcastRows.get(i).map(_.value.iterator).getOrElse(countRows(rowsOf(i), allMetrics(i).rowsIn))
             val built = JoinStores.build(stores, rows, keys, outputs(i), i, context, allStoreMetrics(i))
             built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
-            indexed(i).zip(built).map { case (c, store) => (i, c) -> store }
+            indexed(i).zip(built).map { case (index, store) => (i, index) -> store }
         }
       }.toMap
 
-      def compile(route: ProbeRoute): CompiledRoute = CompiledRoute(ProbeSteps.along(graph, route, i => indexed(i).toSet),
-        outputs, resultAttrs, (input, keyClass) => indexOf((input, keyClass)), UMJoinExec.hashable, allMetrics, context.partitionId())
+      def compile(route: ProbeRoute): CompiledRoute = CompiledRoute(ProbeSteps.along(graph, route, indexed),
+        outputs, resultAttrs, (input, index) => indexOf((input, index)), UMJoinExec.hashable, allMetrics, context.partitionId())
 
       val rerouting = Option.when(settings.adaptive) {
         val keyCounts = (0 until graph.numInputs).map(i => indexOf.collectFirst { case ((`i`, _), store) => store.keyCount.toDouble }.getOrElse(0.0))
@@ -183,8 +183,8 @@ case class UMJoinExec(
         "label" -> JString(inputLabels(i)),
         "placement" -> JString(if (i == streamed) "streamed" else if (broadcast(i)) "broadcast" else "partitioned"),
         "partitionKey" -> partitionKeys(i).map(k => JString(k.toString)).getOrElse(JNull),
-        "storeKeys" -> JArray(step.map(s => JString(joinGraph.classes(s.keyClass).keyOf(i).get.toString)).toList),
-        "probeKeys" -> JArray(step.map(s => JString(s.probeKey.toString)).toList),
+        "storeKeys" -> JArray(step.toList.flatMap(s => s.index.classes.map(c => JString(joinGraph.classes(c).keyOf(i).get.toString)))),
+        "probeKeys" -> JArray(step.toList.flatMap(s => s.probeKeys.map(k => JString(k.toString)))),
         "conditions" -> JArray((if (i == streamed) initialPlan.startConditions else step.toSeq.flatMap(_.conditions)).map(e => JString(e.toString)).toList))
     }.toList))
 
@@ -194,7 +194,9 @@ case class UMJoinExec(
     else s"partitioned by ${partitionKeys(i).get}"
 
   private def joinKeyText(maxFields: Int): String =
-    initialPlan.steps.map(s => s"#${s.input}: ${joinGraph.classes(s.keyClass).keyOf(s.input).get} = ${s.probeKey}").take(maxFields).mkString("; ")
+    initialPlan.steps.map { s =>
+      s"#${s.input}: " + s.index.classes.zip(s.probeKeys).map { case (c, probe) => s"${joinGraph.classes(c).keyOf(s.input).get} = $probe" }.mkString(", ")
+    }.take(maxFields).mkString("; ")
 
   private def conditionText(maxFields: Int): String =
     ((if (initialPlan.startConditions.isEmpty) Nil else Seq(s"#$streamed: ${initialPlan.startConditions.mkString(" AND ")}")) ++
@@ -205,23 +207,25 @@ case class UMJoinExec(
 }
 
 object UMJoinExec {
-  /** Input `input`'s store key for key class `keyClass`, bound to the input's output. */
-  def storeKey(graph: JoinGraph, keyClass: Int, input: Int, inputOutput: Seq[Attribute]): Expression =
-    hashable(BindReferences.bindReference(graph.classes(keyClass).keyOf(input).get, inputOutput))
+  /** Input `input`'s store key for `index`, bound to the input's output. */
+  def storeKeys(graph: JoinGraph, index: StoreIndex, input: Int, inputOutput: Seq[Attribute]): Seq[Expression] =
+    hashable(index.classes.map(c => BindReferences.bindReference(graph.classes(c).keyOf(input).get, inputOutput)))
 
   /**
-   * How a broadcast input stored under the key classes `indexes` travels: under one class as Spark's
-   * hash table on that key (built once, as for Spark's broadcast hash join, and reusable by both);
-   * under several as rows, which each task indexes by every class.
+   * How a broadcast input with the store indexes `indexes` travels: with one, as Spark's hash table
+   * on its key (built once, as for Spark's broadcast hash join, and reusable by both); with several,
+   * as rows, which each task indexes.
    */
-  def broadcastMode(graph: JoinGraph, indexes: Seq[Int], input: Int, inputOutput: Seq[Attribute]): BroadcastMode = indexes match {
-    case Seq(keyClass) => HashedRelationBroadcastMode(Seq(storeKey(graph, keyClass, input, inputOutput)))
+  def broadcastMode(graph: JoinGraph, indexes: Seq[StoreIndex], input: Int, inputOutput: Seq[Attribute]): BroadcastMode = indexes match {
+    case Seq(index) => HashedRelationBroadcastMode(storeKeys(graph, index, input, inputOutput))
     case _ => IdentityBroadcastMode
   }
 
   /** A single integral key is hashed as a long, so Spark's dense long-keyed hash map serves it. */
-  def hashable(key: Expression): Expression =
-    if (Seq(IntegerType, ShortType, ByteType).contains(key.dataType)) Cast(key, LongType) else key
+  def hashable(keys: Seq[Expression]): Seq[Expression] = keys match {
+    case Seq(key) if Seq(IntegerType, ShortType, ByteType).contains(key.dataType) => Seq(Cast(key, LongType))
+    case _ => keys
+  }
 }
 
 /**

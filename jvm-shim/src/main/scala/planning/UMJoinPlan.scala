@@ -22,11 +22,12 @@ final case class InputFacts(sizeInBytes: BigInt, canBroadcast: Boolean, mustBroa
 
 /**
  * A group that can run as one UMJoin: its join graph, where each input's rows go, the initial probe route of the
- * streamed input (`route.start`), and per input the key classes its store is indexed by (empty for
- * the streamed input, which is never stored). With an adaptive probe order every class an input
- * shares with another is indexed, so that any valid route can run.
+ * streamed input (`route.start`), and per input the indexes of its store (none for the streamed
+ * input, which is never stored). With the fixed probe order a store has one index, on every class
+ * it shares with the inputs probed before it; with an adaptive one, an index on each class it shares
+ * with another input, so that any valid route can run.
  */
-final case class UMJoinPlan(graph: JoinGraph, placements: Seq[InputPlacement], route: ProbeRoute, indexes: Seq[Seq[Int]]) {
+final case class UMJoinPlan(graph: JoinGraph, placements: Seq[InputPlacement], route: ProbeRoute, indexes: Seq[Seq[StoreIndex]]) {
   def streamed: Int = route.start
 }
 
@@ -72,10 +73,15 @@ object UMJoinPlan {
     val shared = (0 until graph.numInputs).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i) && graph.classes(c).inputs.size > 1))
     val route = ProbeOrder.fixed(probeGraph, streamed)
     val indexes =
-      if (adaptive) shared.indices.map(i => if (i == streamed) Nil else shared(i))
+      if (adaptive) shared.indices.map(i => if (i == streamed) Nil else shared(i).map(StoreIndex.single))
       else {
-        val steps = ProbeSteps.along(graph, route, i => shared(i).toSet).steps
-        (0 until graph.numInputs).map(i => steps.filter(_.input == i).map(_.keyClass))
+        // One index per store, on every class it shares with the inputs bound before it: the
+        // multi-column key Spark's own join would use (Q9's partsupp on part and supplier key).
+        val bound = route.order.indices.map(p => route.order.take(p).toSet)
+        (0 until graph.numInputs).map { i =>
+          val p = route.order.indexOf(i)
+          if (p == 0) Nil else Seq(StoreIndex(graph.sharedClasses(i, bound(p))))
+        }
       }
     UMJoinPlan(graph, placements, route, indexes)
   }

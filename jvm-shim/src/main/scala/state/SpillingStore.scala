@@ -15,7 +15,9 @@ import umjoin.spark.state.{AppendableStore, RocksDBStore}
  * follows. Nothing is lost and the task does not fail for lack of memory.
  */
 final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long, newDiskStore: () => RocksDBStore) extends AppendableStore {
-  private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, context.taskMemoryManager().pageSizeBytes())
+  // Pages of at most 1 MB: Spark's page size (up to 64 MB) would make every store, even of a
+  // 25-row table, hold 64 MB of the task's memory. A larger row gets a page of its own size.
+  private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, math.min(1L << 20, context.taskMemoryManager().pageSizeBytes()))
   private var disk: RocksDBStore = _
   private var rows = 0L
   private val row = new UnsafeRow(numFields)
