@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from umjoin import plans, tpch
+from umjoin.local import temporary_conf
 
 
 def test_compare_q5(spark: SparkSession, tpch_data: Path) -> None:
@@ -26,6 +28,26 @@ def test_compare_q5(spark: SparkSession, tpch_data: Path) -> None:
     names = lambda keys: [k.split("#")[0] for k in keys]  # noqa: E731
     assert sorted(zip(names(supplier.store_keys), names(supplier.probe_keys))) == [
         ("s_nationkey", "c_nationkey"), ("s_suppkey", "l_suppkey")]
+
+
+def test_broadcast_inputs_travel_as_hash_tables_unless_several_indexes(spark: SparkSession, tpch_data: Path) -> None:
+    """Fixed order: every broadcast input is one hash table on its store key, as for Spark's own
+    broadcast hash join. Adaptive: an input joined on two keys (customer: customer key and nation)
+    may be probed through either, so it travels as rows that each task indexes twice; region, joined
+    on one key only, stays a hash table."""
+    def broadcast_modes(probe_order: str) -> list[str]:
+        with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false", "spark.umjoin.probeOrder": probe_order}):
+            df = spark.sql(tpch.query_text(5))
+            df.collect()
+            text = df._jdf.queryExecution().executedPlan().toString()
+        return re.findall(r"BroadcastExchange (\w+)", text)
+
+    fixed = broadcast_modes("fixed")
+    assert len(fixed) >= 4 and set(fixed) == {"HashedRelationBroadcastMode"}
+    adaptive = broadcast_modes("dpPick")
+    assert len(adaptive) == len(fixed)
+    assert adaptive.count("HashedRelationBroadcastMode") == 1  # region
+    assert adaptive.count("IdentityBroadcastMode") == len(fixed) - 1
 
 
 def test_compare_without_execution_keeps_metrics_at_zero(spark: SparkSession, tpch_data: Path) -> None:

@@ -116,3 +116,15 @@ def test_metrics_follow_the_probe_order(spark: SparkSession, tpch_data: Path) ->
         assert metric(step, "store size") > 0
     assert node.metrics["number of output rows"] == metric(order[-1], "matches")
     assert node.metrics["number of output rows"] > 0
+
+
+def test_small_partitioned_stores_hold_little_memory(spark: SparkSession, tpch_data: Path) -> None:
+    """`auto` stores take memory in pages of at most 1 MB, not Spark's page size (32-64 MB) per task."""
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"}):
+        df = spark.sql(tpch.query_text(5))
+        df.collect()
+        nodes = plans.umjoin_nodes(plans.physical_plan(df))
+        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    sizes = [node.metrics[f"input #{i} {inp.label}: store size"]
+             for node in nodes for i, inp in enumerate(node.inputs) if inp.placement == "partitioned"]
+    assert sizes and all(0 < size <= tasks * 4 * 2**20 for size in sizes), sizes

@@ -26,8 +26,8 @@ import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
  * `spark.umjoin.stateBackend` that live as long as the task. A broadcast input stored under one key
  * class is Spark's hash table on that key, built once and shared by the tasks of an executor; one
  * stored under several (an adaptive order may probe it through any) arrives as rows each task
- * indexes. Each streamed row then probes the stores along the route (see [[ProbeCore]]); with an adaptive `probeOrder` the route is
- * chosen again every cycle from the statistics of the probes so far.
+ * indexes. Each streamed row then probes the stores along the route (see [[ProbeCore]]); with an
+ * adaptive `probeOrder` the route is chosen again every cycle from the statistics of the probes so far.
  *
  * @param inputLabels   what each input reads (table names), for plans people read
  * @param broadcast     per input, whether every task gets all of it
@@ -104,7 +104,8 @@ case class UMJoinExec(
 
   override protected def doExecute(): RDD[InternalRow] = {
     val stores = UMJoinConf.from(conf).stores
-    val (hashed, asRows) = children.indices.filter(broadcast).partition(i => indexes(i).size == 1)
+    val (hashed, asRows) = children.indices.filter(broadcast)
+      .partition(i => UMJoinExec.broadcastMode(joinGraph, indexes(i), i, children(i).output) != IdentityBroadcastMode)
     val tables = hashed.map(i => i -> BroadcastTable.of(children(i))).toMap
     val broadcastRows = asRows.map(i => i -> children(i).executeBroadcast[Array[InternalRow]]()).toMap
     // A shared hash table is one store, whatever the number of tasks: its size counts once.
