@@ -77,10 +77,8 @@ object UMJoinPlan {
       else {
         // One index per store, on every class it shares with the inputs bound before it: the
         // multi-column key Spark's own join would use (Q9's partsupp on part and supplier key).
-        val bound = route.order.indices.map(p => route.order.take(p).toSet)
         (0 until graph.numInputs).map { i =>
-          val p = route.order.indexOf(i)
-          if (p == 0) Nil else Seq(StoreIndex(graph.sharedClasses(i, bound(p))))
+          if (i == streamed) Nil else Seq(StoreIndex(graph.sharedClasses(i, route.order.takeWhile(_ != i).toSet)))
         }
       }
     UMJoinPlan(graph, placements, route, indexes)
