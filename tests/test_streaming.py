@@ -43,10 +43,15 @@ def stream(spark: SparkSession, directory: Path, schema: str) -> DataFrame:
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
 
 
+def sorted_rows(df: DataFrame) -> list[tuple]:  # type: ignore[type-arg]
+    """A DataFrame's rows as a sorted list (NULLs first), to compare results as multisets."""
+    return sorted((tuple(r) for r in df.collect()), key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+
+
 def run_to_end(df: DataFrame, name: str, checkpoint: Path) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
     query = df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
-    return sorted(tuple(r) for r in df.sparkSession.table(name).collect()), query
+    return sorted_rows(df.sparkSession.table(name)), query
 
 
 def executed_plan(query: StreamingQuery) -> str:
@@ -98,8 +103,8 @@ def test_random_micro_batches_give_the_batch_join_and_spark_joins(spark: SparkSe
         plan = executed_plan(running)
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             off, _ = run_to_end(query(lambda n: stream(spark, tmp_path / n, schema(n))), f"umjoin_off_{seed}", tmp_path / "ck-off")
-            batch = sorted(tuple(r) for r in query(lambda n: spark.read.parquet(str(tmp_path / n))).collect())
-    assert "StreamingUMJoin " in plan and "StreamingSymmetricHashJoin" not in plan
+            batch = sorted_rows(query(lambda n: spark.read.parquet(str(tmp_path / n))))
+    assert "StreamingUMJoin inputs=" in plan and "StreamingSymmetricHashJoin" not in plan
     assert on == batch == off
 
 
@@ -141,11 +146,11 @@ def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_
     plan = executed_plan(restarted)
     restarted.stop()
 
-    written = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    written = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         tables = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
-        expected = sorted(tuple(r) for r in star(tables, "xyz").collect())
-    assert "StreamingUMJoin " in plan
+        expected = sorted_rows(star(tables, "xyz"))
+    assert "StreamingUMJoin inputs=" in plan
     assert written == expected and len(expected) > 0
 
 
@@ -189,7 +194,7 @@ def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSessi
     def totals(query: StreamingQuery, key: str) -> list[int]:
         return [sum(op[key] for op in p["stateOperators"]) for p in query.recentProgress]
 
-    assert "StreamingUMJoin " in executed_plan(umjoin)
+    assert "StreamingUMJoin inputs=" in executed_plan(umjoin)
     assert on == off and len(on) > 0
     assert sum(totals(umjoin, "numRowsDroppedByWatermark")) == sum(totals(spark_joins, "numRowsDroppedByWatermark")) > 0
     state = totals(umjoin, "numRowsTotal")
@@ -197,17 +202,18 @@ def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSessi
     assert state[-1] <= totals(spark_joins, "numRowsTotal")[-1]  # and no intermediate results are kept
 
 
-def test_streams_without_a_common_key_keep_spark_joins(spark: SparkSession, tmp_path: Path) -> None:
+def test_streams_without_a_common_key_run_as_one_umjoin(spark: SparkSession, tmp_path: Path) -> None:
+    """x and y join on a, y and z on b: y's rows are stored by one key and indexed by the other."""
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_a BIGINT, {name}_b BIGINT", [[(i % 4, i % 3) for i in range(12)]] * 2)
     frames = {n: stream(spark, tmp_path / n, f"{n}_a BIGINT, {n}_b BIGINT") for n in "xyz"}
     x, y, z = frames["x"], frames["y"], frames["z"]
     rows, query = run_to_end(x.join(y, x.x_a == y.y_a).join(z, y.y_b == z.z_b), "no_common_key", tmp_path / "ck")
     plan = executed_plan(query)
-    assert "StreamingSymmetricHashJoin" in plan and "StreamingUMJoin" not in plan
+    assert "StreamingSymmetricHashJoin" not in plan and plan.count("StreamingUMJoin inputs=") == 1
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         t = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
-        assert rows == sorted(tuple(r) for r in t["x"].join(t["y"], t["x"].x_a == t["y"].y_a).join(t["z"], t["y"].y_b == t["z"].z_b).collect())
+        assert rows == sorted_rows(t["x"].join(t["y"], t["x"].x_a == t["y"].y_a).join(t["z"], t["y"].y_b == t["z"].z_b))
 
 
 def test_state_ttl_bounds_state_and_changes_results(spark: SparkSession, tmp_path: Path) -> None:
@@ -273,7 +279,7 @@ def test_adaptive_probe_order_keeps_statistics_across_batches_and_the_answer(spa
         on, query = run_to_end(star(frames, names), "umjoin_dppick", tmp_path / "ck")
     changes = [op["customMetrics"]["probeRouteChanges"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        expected = sorted(tuple(r) for r in star({n: spark.read.parquet(str(tmp_path / n)) for n in names}, names).collect())
+        expected = sorted_rows(star({n: spark.read.parquet(str(tmp_path / n)) for n in names}, names))
     assert on == expected and len(expected) > 0
     assert len(changes) == 6 and changes[0] == 0  # the first batch has no statistics yet: the plan's order
     assert sum(changes) > 0, changes

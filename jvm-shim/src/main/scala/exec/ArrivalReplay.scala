@@ -191,7 +191,7 @@ private final class ReplayTask(
   private def core(route: ProbeRoute): ProbeCore = compiled.getOrElseUpdate(route, new ProbeCore(
     CompiledRoute(ProbeSteps.along(graph, route, indexesOf), outputs, result, (input, index) => stores((input, index)),
       UMJoinExec.hashable, metrics, context.partitionId()),
-    metrics(route.start), outputRows, context, Option.when(settings.adaptive)(counters)))
+    Some(metrics(route.start).rowsIn), Some(outputRows), context, Option.when(settings.adaptive)(counters)))
 
   def replay(arrivals: Array[Long]): ReplayResult = {
     val routes = Array.tabulate(n)(s => ProbeOrder.following(probeGraph, s, run.initialOrder))

@@ -19,7 +19,7 @@ final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQL
  */
 final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate, val metrics: InputMetrics)
 
-/** A route ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
+/** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
 final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: BasePredicate, val output: UnsafeProjection)
 
 object CompiledRoute {
@@ -35,6 +35,24 @@ object CompiledRoute {
       storeOf: (Int, StoreIndex) => JoinStore,
       keyed: Seq[Expression] => Seq[Expression],
       metrics: Seq[InputMetrics],
+      partition: Int): CompiledRoute =
+    segment(plan, 0, plan.steps.size, outputs, result, storeOf, keyed, metrics, partition)
+
+  /**
+   * Compiles steps [from, until) of a route: the rows it starts from are the route's first
+   * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
+   * first), and it puts out the `result` projection once the route is complete, else the rows
+   * bound so far, joined (a partial combination that continues elsewhere).
+   */
+  def segment(
+      plan: RoutePlan,
+      from: Int,
+      until: Int,
+      outputs: Seq[Seq[Attribute]],
+      result: Seq[Attribute],
+      storeOf: (Int, StoreIndex) => JoinStore,
+      keyed: Seq[Expression] => Seq[Expression],
+      metrics: Seq[InputMetrics],
       partition: Int): CompiledRoute = {
     val order = plan.route.order
     // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are.
@@ -44,11 +62,14 @@ object CompiledRoute {
       p.initialize(partition)
       p
     }.orNull
-    val steps = plan.steps.zipWithIndex.map { case (step, s) =>
+    val steps = (from until until).map { s =>
+      val step = plan.steps(s)
       new ProbeStep(step.input, step.from, storeOf(step.input, step.index),
         UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)), predicate(step.conditions, prefixes(s + 1)), metrics(step.input))
     }.toArray
-    new CompiledRoute(steps, predicate(plan.startConditions, outputs(order.head)), UnsafeProjection.create(result, prefixes.last))
+    val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
+    val output = if (until == plan.steps.size) result else prefixes(until)
+    new CompiledRoute(steps, startCondition, UnsafeProjection.create(output, prefixes(until)))
   }
 }
 
@@ -66,12 +87,17 @@ trait Rerouting {
  * that branch at once (early termination). Emits the output of every complete combination, lazily.
  * With `statistics`, every probe's outcome is counted (for the adaptive probe-order policies).
  * With `rerouting`, the route may change every cycle, always between two streamed rows: a row's
- * combinations all come from one route, and every route computes the same join.
+ * combinations all come from one route, and every route computes the same join. `streamedRows`
+ * counts the rows taken in (not where they are partial combinations from an earlier task),
+ * `numOutputRows` the rows put out (not where they are partial combinations going on elsewhere).
+ *
+ * The iterator `join` returns may be asked again after it ran dry: it goes on with whatever the
+ * streamed iterator has by then (a streaming task feeds it one partial combination at a time).
  */
 final class ProbeCore(
     initial: CompiledRoute,
-    streamedMetrics: InputMetrics,
-    numOutputRows: SQLMetric,
+    streamedRows: Option[SQLMetric],
+    numOutputRows: Option[SQLMetric],
     context: TaskContext,
     statistics: Option[ProbeCounters] = None,
     rerouting: Option[Rerouting] = None) {
@@ -99,7 +125,7 @@ final class ProbeCore(
     override def next(): InternalRow = {
       if (!hasNext) throw new NoSuchElementException("no more UMJoin rows")
       ready = false
-      numOutputRows += 1
+      numOutputRows.foreach(_ += 1)
       route.output(bound(depth))
     }
 
@@ -118,9 +144,13 @@ final class ProbeCore(
             }
           }
           val row = streamed.next()
-          streamedMetrics.rowsIn += 1
+          streamedRows.foreach(_ += 1)
           if (route.streamedCondition == null || route.streamedCondition.eval(row)) {
             bound(0) = row
+            if (depth == 0) { // no step to take here: the row itself is what comes out
+              ready = true
+              return true
+            }
             probe(0)
             level = 0
           }

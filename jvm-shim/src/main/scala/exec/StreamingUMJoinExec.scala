@@ -1,57 +1,59 @@
 package umjoin.spark.exec
 
 import java.io.{ObjectInputStream, ObjectOutputStream}
-
-import scala.collection.mutable
+import java.nio.charset.StandardCharsets
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
-import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
-import org.apache.spark.sql.catalyst.types.DataTypeUtils
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression}
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateSchemaValidationResult, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId, UnsafeRowPair}
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStoreConf}
 
-import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
-import umjoin.spark.planning.{JoinGraph, ProbeSteps, StoreIndex}
-import umjoin.spark.state.JoinStore
+import umjoin.spark.order.{ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
+import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StoreIndex, StreamingLayout}
 
 /**
- * The streaming UMJoin: one multi-way inner join over the streams of a TSC group, keeping one
- * state store per input (Spark's state store API with the session's provider; RocksDB's is an
- * LSM-tree) and no intermediate results. All inputs are hash-partitioned on one join key class,
- * `keys(i)` being input i's expression for it, and each store keeps its input's rows by that key.
+ * The streaming UMJoin: one multi-way inner join over the streams (and static tables) of a TSC
+ * group, keeping one store per stream and no intermediate result.
  *
- * A micro-batch applies its new rows input by input (paper 000, 3.1.3): new rows of input i probe
- * the stores of inputs before i with this batch's rows already in them, and of inputs after i with
- * the earlier batches' rows only, then join their own store. So every combination of rows is produced
- * exactly once, by whichever of its rows arrived last (in batch, then input order). Then expired rows
- * are evicted and every store is committed.
+ * Layout ([[StreamingLayout]], chosen by paper 002's probe-cost model): each stream's store is
+ * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the further
+ * classes some route probes it through; a static table is broadcast, or partitioned like a stream
+ * and read again every batch. Every stream's new rows probe the other stores along its route.
+ *
+ * A micro-batch (paper 000, 3.1.3): new rows of input i probe the stores of inputs before i with
+ * this batch's rows in them, and of inputs after i with the earlier batches' rows only, so every
+ * combination of rows is produced exactly once, by whichever of its rows arrived last. It runs as a
+ * few stages: stage 0 starts every stream's route in the partitions of its new rows; where a route
+ * reaches a store partitioned on a class the partial combination is not in, the combination is
+ * shuffled to the partition of its value of that class (or to all partitions when it has none yet)
+ * and the next stage goes on there. Partial combinations live only within the batch. The last stage
+ * also writes the batch's new rows into the stores, evicts what can no longer join, and commits:
+ * each store is written once per batch, as the batch's version.
  *
  * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
- * [[UMJoinExec]]; `sharedClass` is the class every input takes part in, the stores' key. Any order of
- * the inputs is a valid probe route, each step probing by that key. With an adaptive `probeOrder`,
- * the tasks count every probe's outcome and the driver chooses the routes again between
- * micro-batches ([[StreamingRoutes]]), so the statistics carry over from one batch to the next.
+ * [[UMJoinExec]]. With an adaptive `probeOrder`, the tasks count every probe's outcome and the
+ * driver chooses the routes again between micro-batches ([[StreamingRoutes]]).
  *
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
  * @param evictable   per input, its stored rows no future row can join any more
  * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
- *                    stored longer ago are removed before a batch's rows probe
+ *                    stored longer ago are not probed any more, and removed
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
     inputLabels: Seq[String],
-    keys: Seq[Expression],
     classInputs: Seq[Seq[Int]],
     classKeys: Seq[Seq[Expression]],
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
-    sharedClass: Int,
+    layout: StreamingLayout,
     probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
@@ -62,12 +64,21 @@ case class StreamingUMJoinExec(
 
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = "umJoin"
-  override val stateStoreNames: Seq[String] = children.indices.map(StreamingUMJoinExec.storeName)
+  override val stateStoreNames: Seq[String] = layout.streams.flatMap { j =>
+    InputState.storeName(j) +: layout.indexClasses(j).indices.map(InputState.indexStoreName(j, _))
+  }
 
   private def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
 
-  override def requiredChildDistribution: Seq[Distribution] =
-    keys.map(k => StatefulOpClusteredDistribution(Seq(k), getStateInfo.numPartitions))
+  /** Input j's expression for the class it is partitioned on (None: broadcast). */
+  private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
+
+  override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
+    partitionKey(j) match {
+      case Some(key) => StatefulOpClusteredDistribution(Seq(key), getStateInfo.numPartitions)
+      case None => BroadcastDistribution(IdentityBroadcastMode)
+    }
+  }
 
   override def outputPartitioning: Partitioning = UnknownPartitioning(getStateInfo.numPartitions)
 
@@ -75,18 +86,21 @@ case class StreamingUMJoinExec(
   // joins this node replaces, before it exists.
   override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
 
-  /** Per input: its state (rows, bytes) and its probes; they show in the query's progress too. */
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch") +: children.indices.flatMap { i =>
-    val name = s"input #$i ${inputLabels(i)}"
-    Seq(
-      StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
-      StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
-      StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
-      StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
-      StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
-      StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops"))
-  }
+  /** Per input: its state (rows, index entries, bytes) and its probes; they show in the query's progress too. */
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = Seq(
+    StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch"),
+    StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores")) ++
+    children.indices.flatMap { i =>
+      val name = s"input #$i ${inputLabels(i)}"
+      Seq(
+        StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
+        StatefulOperatorCustomSumMetric(s"stateIndexEntriesInput$i", s"$name: state index entries"),
+        StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
+        StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
+        StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
+        StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
+        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops"))
+    }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     longMetric(s"rowsInInput$i"), longMetric(s"probesInput$i"), longMetric(s"matchesInput$i"),
@@ -98,122 +112,101 @@ case class StreamingUMJoinExec(
 
   override protected def doExecute(): RDD[InternalRow] = {
     val info = getStateInfo
-    val storeConf = new StateStoreConf(conf)
-    val hadoopConf = new SerializableHadoopConf(session.sessionState.newHadoopConf())
-    val n = children.size
-    val outputs = children.map(_.output)
-    val allMetrics = children.indices.map(inputMetrics)
-    val (keyExprs, graph, shared, late, expire, ttl, resultAttrs) = (keys, joinGraph, sharedClass, lateRows, evictable, stateTtlMs, output)
-    // The routes of this batch, chosen from the statistics of the batches before it.
-    val (routes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, ProbeSteps.graph(graph), probeOrder, StoreStructure.Sorted, info.numPartitions)
+    val partitions = info.numPartitions
+    val graph = joinGraph
+    val outputs = children.map(_.output).toIndexedSeq
+    val hadoopConf = session.sessionState.newHadoopConf()
+    StreamingUMJoinExec.recordLayout(info, StreamingLayout.toJson(layout, graph, outputs, inputLabels), hadoopConf)
+
+    // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
+    val probeGraph = layout.probeGraph(graph)
+    val fanOut = probeGraph.edges.map { case (from, to) =>
+      val carried = layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
+      (from, to) -> (if (carried) 1.0 else partitions.toDouble)
+    }.toMap
+    val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
+    val (routes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
     longMetric("probeRouteChanges") += changed
     val statistics = Option.when(probeOrder.adaptive) {
-      val accumulator = new ProbeCountersAccumulator(n)
+      val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
       StreamingRoutes.collect(info.queryRunId, info.operatorId, accumulator)
       accumulator
     }
-    val numOutputRows = longMetric("numOutputRows")
-    val numDropped = longMetric("numRowsDroppedByWatermark")
-    val numUpdated = longMetric("numUpdatedStateRows")
-    val numRemoved = longMetric("numRemovedStateRows")
-    val stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i"))
-    val now = System.currentTimeMillis() // this batch's time, the same for every task and retry
+
+    val job = MicroBatchJob(
+      graph = graph,
+      kinds = layout.kinds,
+      outputs = outputs,
+      result = output,
+      routes = routes.map { case (start, route) =>
+        val steps = layout.steps(graph, route)
+        val lookup = route.order.tail.zip(steps.map(_.lookupClass)).toMap
+        start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(StoreIndex.single(lookup(input)))), steps, layout.segments(steps))
+      },
+      states = layout.streams.map { j =>
+        j -> InputStateSpec(j, outputs(j), partitionKey(j).get, layout.indexClasses(j).map(c => c -> graph.classes(c).keyOf(j).get))
+      }.toMap,
+      joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
+      lateRows = lateRows.toIndexedSeq,
+      evictable = evictable.toIndexedSeq,
+      stateTtlMs = stateTtlMs,
+      nowMs = System.currentTimeMillis(),
+      partitions = partitions,
+      info = info)
+    val metrics = StageMetrics(
+      numOutputRows = longMetric("numOutputRows"),
+      inputs = children.indices.map(inputMetrics),
+      shipped = longMetric("partialCombinationsShipped"),
+      droppedLate = longMetric("numRowsDroppedByWatermark"),
+      updated = longMetric("numUpdatedStateRows"),
+      removed = longMetric("numRemovedStateRows"),
+      stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
+      indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")))
+    val storeConf = new StateStoreConf(conf)
+    val serializableConf = new SerializableHadoopConf(hadoopConf)
     val self = this
 
-    new ZippedInputsRDD[InternalRow, InternalRow](children.map(_.execute()), { (context, iterators) =>
-      val stores = (0 until n).map { i =>
-        val keySchema = StreamingUMJoinExec.keySchema(keyExprs(i))
-        StateStore.get(
-          StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, context.partitionId(), StreamingUMJoinExec.storeName(i)), info.queryRunId),
-          keySchema, DataTypeUtils.fromAttributes(outputs(i)), PrefixKeyScanStateEncoderSpec(keySchema, 1), info.storeVersion,
-          None, None, false, storeConf, hadoopConf.value, false)
-      }
-      context.addTaskCompletionListener[Unit](_ => stores.foreach(s => if (!s.hasCommitted) s.abort()))
-      val joinStores = stores.map(new StateJoinStore(_))
-      val keyOf = (0 until n).map(i => UnsafeProjection.create(Seq(keyExprs(i)), outputs(i)))
-      val entryKey = new GenericInternalRow(3)
-      val toKeyRow = UnsafeProjection.create(StreamingUMJoinExec.keySchema(keyExprs.head).map(_.dataType).toArray)
-      var sequence = info.storeVersion << 32
-      val counters = statistics.map(_ => new ProbeCounters(n))
+    // Partitioned inputs travel as their exchanges deliver them; broadcast tables as rows.
+    val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
+    val position = partitioned.zipWithIndex.toMap
+    val inputRdds = partitioned.map(children(_).execute())
+    val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(children(j).executeBroadcast[Array[InternalRow]]()))
 
-      def predicate(expr: Option[Expression], attrs: Seq[Attribute]): Option[BasePredicate] = expr.map { e =>
-        val p = Predicate.create(e, attrs)
-        p.initialize(context.partitionId())
-        p
-      }
+    def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
+      new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
+        metrics, storeConf, serializableConf.value, statistics, stores => {
+          stores.foreach(self.setStoreMetrics(_, false))
+          self.setOperatorMetrics(stores.size)
+        })
 
-      /** Removes the stored rows of input i that `gone` selects (collected first: a store is not changed while scanned). */
-      def removeWhere(i: Int, gone: UnsafeRowPair => Boolean): Unit = {
-        val keys = mutable.ArrayBuffer[UnsafeRow]()
-        stores(i).iterator().foreach(pair => if (gone(pair)) keys += pair.key.copy())
-        keys.foreach(stores(i).remove(_))
-        numRemoved += keys.size
-      }
-
-      // A row older than the TTL never joins again: expire before this batch's rows probe.
-      ttl.foreach(ttlMs => (0 until n).foreach(i => removeWhere(i, _.key.getLong(2) <= now - ttlMs)))
-
-      // Input by input: rows of input s probe the other stores, then go into their own.
-      val joined = (0 until n).iterator.flatMap { s =>
-        val isLate = predicate(late(s), outputs(s))
-        val toStore = UnsafeProjection.create(outputs(s), outputs(s))
-        val fresh = iterators(s).filter { row =>
-          val dropped = isLate.exists(_.eval(row))
-          if (dropped) numDropped += 1
-          !dropped
-        }.map { row =>
-          val key = keyOf(s)(row)
-          if (!key.anyNull) {
-            entryKey.update(0, key.get(0, keyExprs(s).dataType))
-            entryKey.update(1, sequence)
-            entryKey.update(2, now)
-            sequence += 1
-            stores(s).put(toKeyRow(entryKey), toStore(row))
-            numUpdated += 1
-          }
-          row
-        }
-        val route = CompiledRoute(ProbeSteps.along(graph, routes(s), _ => Seq(StoreIndex.single(shared))), outputs, resultAttrs,
-          (input, _) => joinStores(input), identity, allMetrics, context.partitionId())
-        val core = new ProbeCore(route, allMetrics(s), numOutputRows, context, counters)
-        // Rows the probe did not pull (nothing to probe) must still be stored.
-        core.join(fresh) ++ new Iterator[InternalRow] {
-          override def hasNext: Boolean = { fresh.foreach(_ => ()); false }
-          override def next(): InternalRow = throw new NoSuchElementException
-        }
-      }
-
-      new Iterator[InternalRow] {
-        private var finished = false
-        override def hasNext: Boolean = joined.hasNext || { if (!finished) finish(); false }
-        override def next(): InternalRow = joined.next()
-
-        /** Evicts what the watermark says can no longer join, commits every store, and reports the state. */
-        private def finish(): Unit = {
-          finished = true
-          (0 until n).foreach { i =>
-            predicate(expire(i), outputs(i)).foreach(expired => removeWhere(i, pair => expired.eval(pair.value)))
-            stores(i).commit()
-            self.setStoreMetrics(stores(i), false)
-            allMetrics(i).storeSize += stores(i).metrics.memoryUsedBytes
-            stateRows(i) += stores(i).metrics.numKeys
-            counters.foreach(_.stored(i) = stores(i).metrics.numKeys)
-          }
-          statistics.foreach(accumulator => counters.foreach(accumulator.add))
-          self.setOperatorMetrics(n)
-        }
-      }
-    })
+    val shuffled = (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
+      val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous, (context, read) => task(stage, context, read).shipping())
+      Some(ComboShuffle(mapSide, partitions, sparkContext))
+    }
+    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results())
   }
 
   override def simpleString(maxFields: Int): String = {
-    val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (key ${keys(i)})").mkString(", ")
-    val conditions = joinGraph.residuals.map(_.condition) ++ joinGraph.classes.indices.filter(_ != sharedClass).map { c =>
-      joinGraph.classes(c).members.map(_._2).mkString(" = ")
-    }
+    val graph = joinGraph
+    val inputs = children.indices.map { i =>
+      val placement = layout.kinds(i) match {
+        case InputKind.StaticBroadcast => "static, broadcast"
+        case kind =>
+          val indexed = layout.indexClasses(i).map(c => graph.classes(c).keyOf(i).get)
+          s"${if (kind == InputKind.Stream) "" else "static, "}partitioned by ${partitionKey(i).get}" +
+            (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
+      }
+      s"#$i ${inputLabels(i)} ($placement)"
+    }.mkString(", ")
+    val routes = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
+      s"#$start: " + StreamingUMJoinExec.routeText(route, layout.steps(graph, route))
+    }.take(maxFields).mkString("; ")
+    val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
+    val conditions = graph.residuals.map(_.condition)
     val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
-    s"$nodeName inputs=[$inputs]$conditionText, probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+    s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
+      f"predictedProbeCost=${layout.predictedCost}%.4g, probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
   }
 
   override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
@@ -221,20 +214,38 @@ case class StreamingUMJoinExec(
 }
 
 object StreamingUMJoinExec {
-  def storeName(input: Int): String = s"umjoin-input-$input"
 
-  /** A store's key: the join key (the prefix scanned by probes), a sequence number, the time it was stored. */
-  def keySchema(key: Expression): StructType = StructType(Seq(
-    StructField("key", key.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
-}
+  /** Where the layout of a StreamingUMJoin's state is recorded: beside its stores, in the checkpoint. */
+  def layoutFile(info: StatefulOperatorStateInfo): Path = new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
 
-/** An input's state store as a UMJoin store: a probe is a prefix scan on the join key. */
-private final class StateJoinStore(store: StateStore) extends JoinStore {
-  override def get(key: UnsafeRow): Iterator[InternalRow] = store.prefixScan(key).map(_.value)
-  override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
-  override def keyCount: Long = store.metrics.numKeys
-  override def sizeInBytes: Long = store.metrics.memoryUsedBytes
-  override def close(): Unit = ()
+  /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
+  def recordLayout(info: StatefulOperatorStateInfo, layoutJson: String, hadoopConf: Configuration): Unit = {
+    val file = layoutFile(info)
+    val files = CheckpointFileManager.create(file.getParent, hadoopConf)
+    if (!files.exists(file)) {
+      val out = files.createAtomic(file, overwriteIfPossible = true)
+      try out.write(layoutJson.getBytes(StandardCharsets.UTF_8)) catch {
+        case e: Throwable =>
+          out.cancel()
+          throw e
+      }
+      out.close()
+    }
+  }
+
+  /**
+   * A route as `explain()` shows it: `->` a step in the same task, `=>` the partial combinations
+   * shuffled to one partition of the next store, `=>*` sent to all its partitions.
+   */
+  def routeText(route: umjoin.spark.order.ProbeRoute, steps: Seq[umjoin.spark.planning.RoutedStep]): String =
+    s"#${route.start}" + route.order.tail.zip(steps).map { case (input, step) =>
+      val arrow = step.reach match {
+        case Reach.Local => "->"
+        case Reach.ByKey(_) => "=>"
+        case Reach.AllPartitions => "=>*"
+      }
+      s" $arrow #$input"
+    }.mkString
 }
 
 /** A Hadoop configuration that travels to the tasks (Configuration itself is not serializable). */

@@ -122,7 +122,7 @@ case class UMJoinExec(
     val structure = if (stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
 
     new ZippedInputsRDD[InternalRow, InternalRow](local.map(children(_).execute()), { (context, iterators) =>
-      val rowsOf = local.zip(iterators).toMap
+      val rowsOf = local.indices.map(j => local(j) -> iterators(j)).toMap
       // Per (input, key class): the store probed through that class.
       val indexOf: Map[(Int, StoreIndex), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
         tables.get(i) match {
@@ -144,7 +144,7 @@ case class UMJoinExec(
         val keyCounts = (0 until graph.numInputs).map(i => indexOf.collectFirst { case ((`i`, _), store) => store.keyCount.toDouble }.getOrElse(0.0))
         new AdaptiveRouting(settings, ProbeSteps.graph(graph), start, keyCounts, structure, compile, routeChanges)
       }
-      new ProbeCore(compile(start), allMetrics(start.start), numOutputRows, context, rerouting.map(_.counters), rerouting).join(rowsOf(start.start))
+      new ProbeCore(compile(start), Some(allMetrics(start.start).rowsIn), Some(numOutputRows), context, rerouting.map(_.counters), rerouting).join(rowsOf(start.start))
     })
   }
 

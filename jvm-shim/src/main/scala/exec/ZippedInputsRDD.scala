@@ -9,11 +9,13 @@ private final class ZippedInputsPartition(override val index: Int, val inputs: S
 
 /**
  * Partition i of every input, handed to `f` together: the co-partitioned inputs of a UMJoin.
+ * `f` reads input j's partition by calling its argument with j, when it needs it (a streaming
+ * stage may need an input only for some steps) and anew at every call.
  * (Spark's RDD.zipPartitions stops at four inputs; a UMJoin may have more.)
  */
 final class ZippedInputsRDD[T: ClassTag, U: ClassTag](
     @transient private var inputs: Seq[RDD[T]],
-    f: (TaskContext, Seq[Iterator[T]]) => Iterator[U])
+    f: (TaskContext, Int => Iterator[T]) => Iterator[U])
   extends RDD[U](inputs.head.sparkContext, inputs.map(new OneToOneDependency(_))) {
 
   override protected def getPartitions: Array[Partition] = {
@@ -24,9 +26,8 @@ final class ZippedInputsRDD[T: ClassTag, U: ClassTag](
 
   override def compute(split: Partition, context: TaskContext): Iterator[U] = {
     val partition = split.asInstanceOf[ZippedInputsPartition]
-    f(context, dependencies.zip(partition.inputs).map { case (dep, p) =>
-      dep.rdd.asInstanceOf[RDD[T]].iterator(p, context)
-    })
+    val sources = dependencies.zip(partition.inputs)
+    f(context, j => sources(j)._1.rdd.asInstanceOf[RDD[T]].iterator(sources(j)._2, context))
   }
 
   override def getPreferredLocations(split: Partition): Seq[String] = {

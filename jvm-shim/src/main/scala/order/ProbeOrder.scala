@@ -25,8 +25,15 @@ object StoreStructure {
   case object Sorted extends StoreStructure
 }
 
-/** Eq. 4-8: C(o_i) = alphaQuery * f(kappa_r) + gamma_r * (alphaMatch * mu_r + C(o_{i+1})), C(o_n) = 0. */
-final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: StoreStructure) {
+/**
+ * Eq. 4-8: C(o_i) = alphaQuery * f(kappa_r) + gamma_r * (alphaMatch * mu_r + C(o_{i+1})), C(o_n) = 0.
+ * `fanOut(edge)` (default 1): into how many partitions a probe along that edge goes. A streaming
+ * UMJoin's row that does not carry the class a store is partitioned by probes every partition of
+ * it (paper 002's chi); its statistics count each of those probes, so the whole step costs that many.
+ */
+final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: StoreStructure, fanOut: Map[(Int, Int), Double] = Map.empty) {
+  def fanOutOf(edge: (Int, Int)): Double = fanOut.getOrElse(edge, 1.0)
+
   def f(keys: Double): Double = structure match {
     case StoreStructure.Hash => 1.0 + keys / (2 * math.max(64.0, 2 * keys))
     case StoreStructure.Sorted => math.log(math.max(keys, 1.0))
@@ -35,7 +42,7 @@ final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: St
   /** The expected cost of one step along `edge` and everything after it (Eq. 8). */
   def step(edge: (Int, Int), stats: CycleStatistics, rest: Double): Double = {
     val (gamma, mu) = stats.rateOf(edge)
-    alphaQuery * f(stats.keys(edge._2)) + gamma * (alphaMatch * mu + rest)
+    fanOutOf(edge) * (alphaQuery * f(stats.keys(edge._2)) + gamma * (alphaMatch * mu + rest))
   }
 }
 
@@ -64,7 +71,7 @@ object ProbeOrderPolicy {
     override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
         val (gamma, mu) = stats.rateOf((from, to))
-        gamma * mu
+        cost.fanOutOf((from, to)) * gamma * mu
       }).toMap
   }
 

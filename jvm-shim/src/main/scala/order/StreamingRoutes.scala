@@ -23,10 +23,11 @@ final class ProbeCountersAccumulator(inputs: Int) extends AccumulatorV2[ProbeCou
 }
 
 /**
- * The adaptive probe routes of streaming UMJoins, kept on the driver across micro-batches (per
- * query run and operator; a restart begins again from the plan's order). Before each batch is
- * planned, the previous batch's counters become one cycle of statistics; once `periodMs` has passed
- * since the last choice, the policy chooses every input's route again from the forecast.
+ * The probe routes of streaming UMJoins, kept on the driver across micro-batches (per query run
+ * and operator; a restart begins again from the plan's routes). With an adaptive policy, before
+ * each batch runs the previous batch's counters become one cycle of statistics, and once
+ * `periodMs` has passed since the last choice the policy chooses every stream's route again from
+ * the forecast; with the fixed order the plan's routes stay.
  */
 object StreamingRoutes extends Logging {
 
@@ -40,15 +41,15 @@ object StreamingRoutes extends Logging {
 
   /**
    * The routes the next micro-batch of operator `operatorId` in run `runId` probes with, and how many
-   * of them changed. Key counts are per partition: a probe reads one partition's store.
+   * of them changed; `planned` are the plan's routes, one per start input, along `graph`'s edges.
+   * Key counts are per partition: a probe reads one partition's store.
    */
-  def next(runId: UUID, operatorId: Long, graph: ProbeGraph, settings: ProbeOrderSettings, structure: StoreStructure,
-      partitions: Int): (Map[Int, ProbeRoute], Int) = {
-    val starts = 0 until graph.inputs
+  def next(runId: UUID, operatorId: Long, graph: ProbeGraph, planned: Map[Int, ProbeRoute], settings: ProbeOrderSettings,
+      cost: CostModel, partitions: Int): (Map[Int, ProbeRoute], Int) = {
+    val starts = planned.keys.toSeq.sorted
     val now = System.currentTimeMillis()
     entries.filterInPlace { case (_, e) => now - e.usedAtMs < IdleMs }
-    val entry = entries.getOrElseUpdate((runId, operatorId),
-      new Entry(starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap, new StatisticsHistory(settings.history), now, None, now))
+    val entry = entries.getOrElseUpdate((runId, operatorId), new Entry(planned, new StatisticsHistory(settings.history), now, None, now))
     entry.synchronized {
       entry.usedAtMs = now
       entry.pending.foreach { accumulator =>
@@ -58,7 +59,7 @@ object StreamingRoutes extends Logging {
       entry.pending = None
       if (settings.adaptive && !entry.history.isEmpty && now - entry.chosenAtMs >= settings.periodMs) {
         val forecast = entry.history.forecast(settings.smoothing)
-        val routes = settings.policy.routes(graph, forecast, settings.costModel(structure), starts)
+        val routes = settings.policy.routes(graph, forecast, cost, starts)
         logDebug(s"UMJoin ${settings.policy.name} (operator $operatorId): routes ${routes.values.map(_.order.mkString("->")).mkString(", ")} " +
           s"from gamma ${forecast.matchRate}, mu ${forecast.matchesPerSuccess}, kappa ${forecast.keys}")
         val changed = starts.count(s => routes(s) != entry.routes(s))

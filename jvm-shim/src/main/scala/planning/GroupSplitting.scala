@@ -19,6 +19,9 @@ final case class Cut[T](node: T, inputsBelow: Set[Int])
  */
 object GroupSplitting {
 
+  /** Why `groupAt` declines a node that roots no group at all (not worth telling anyone). */
+  val NotAGroupRoot = "it is not the root of a join group"
+
   /** Either the group rooted at `root` with its accepted plan, or why `root` is not converted. */
   def groupAt[T <: TreeNode[T], P](
       root: T,
@@ -32,7 +35,7 @@ object GroupSplitting {
       tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
 
     def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
-      case None => Left("it is not the root of a join group")
+      case None => Left(NotAGroupRoot)
       case Some(group) if group.inputs.size < minInputs =>
         Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs=$minInputs")
       case Some(group) => tryPlan(group) match {
@@ -61,7 +64,8 @@ object GroupSplitting {
   /**
    * Every group of the plan that runs as one UMJoin, outermost first, each with its plan: the
    * decisions `groupAt` takes when each node is reached top-down. The result feeds TSC step 2
-   * (`TwoStepConvert.getMultiJoinNode`), which replaces exactly these groups.
+   * (`TwoStepConvert.getMultiJoinNode`), which replaces exactly these groups. `declined` hears of
+   * every group root left as it is, with the reason.
    */
   def acceptedGroups[T <: TreeNode[T], P](
       root: T,
@@ -69,12 +73,16 @@ object GroupSplitting {
       roleOf: T => Option[MemberRole],
       minInputs: Int,
       tryPlan: MultiJoinGroup[T] => Either[String, P],
-      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]]): Seq[(MultiJoinGroup[T], P)] =
-    groupAt(root, tsc, roleOf, minInputs, tryPlan, preferredCut) match {
-      case Right((group, plan)) =>
-        (group, plan) +: group.inputs.flatMap(acceptedGroups(_, tsc, roleOf, minInputs, tryPlan, preferredCut))
-      case Left(_) => root.children.flatMap(acceptedGroups(_, tsc, roleOf, minInputs, tryPlan, preferredCut))
+      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]],
+      declined: (T, String) => Unit = (_: T, _: String) => ()): Seq[(MultiJoinGroup[T], P)] = {
+    def accepted(node: T): Seq[(MultiJoinGroup[T], P)] = groupAt(node, tsc, roleOf, minInputs, tryPlan, preferredCut) match {
+      case Right((group, plan)) => (group, plan) +: group.inputs.flatMap(accepted)
+      case Left(reason) =>
+        if (reason != NotAGroupRoot) declined(node, reason)
+        node.children.flatMap(accepted)
     }
+    accepted(root)
+  }
 
   /**
    * Where a group can be cut: above each join member except the root, including the pass-through

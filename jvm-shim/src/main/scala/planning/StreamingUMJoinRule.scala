@@ -1,27 +1,34 @@
 package umjoin.spark.planning
 
-import java.util.IdentityHashMap
+import java.nio.charset.StandardCharsets
+import java.util.{IdentityHashMap, UUID}
+
+import scala.collection.mutable
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
-import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
+import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
+import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SparkPlan}
-import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.joins.BaseJoinExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
-import org.apache.spark.sql.execution.streaming.state.StateStoreId
-import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.exec.{StreamingUMJoinExec, StreamingUMJoinMemberExec}
 import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 
-/** What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). */
+/**
+ * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
+ * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over.
+ */
 final case class StreamingGroupPlan(
     graph: JoinGraph,
-    sharedClass: Int,
-    keys: Seq[Expression],
+    inputs: Seq[SparkPlan],
+    layout: StreamingLayout,
+    identity: StreamingSymmetricHashJoinExec,
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     evictionWatermark: Option[Long])
@@ -30,11 +37,12 @@ final case class StreamingGroupPlan(
  * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
  * stream-stream joins their state (operator ids, checkpoint, partitions, watermarks) and inserted
  * their exchanges. TSC runs on this physical plan with the member patterns of `rules/streaming.yaml`;
- * every group whose streams all share one join key class becomes one StreamingUMJoin, which keeps
- * the root join's state identity (operator id) and, through [[StreamingUMJoinMemberExec]], the other
- * joins' ids for Spark's watermark bookkeeping. Groups without such a key are split; what cannot be
- * converted keeps Spark's joins. The rule does the same in every batch and after a restart, so a
- * query keeps its state layout.
+ * every group of inner equi-joins whose inputs are connected by join keys becomes one
+ * StreamingUMJoin, which keeps the top stream-stream join's state identity (operator id) and,
+ * through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark bookkeeping.
+ * The layout of its state (each input's partitioning key and indexes, the routes) is chosen by the
+ * probe-cost model when the query starts on a new checkpoint, and read from the checkpoint after.
+ * What cannot be converted keeps Spark's joins, and the reason is logged once per query run.
  *
  * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans stream-stream
  * joins with its own strategy before any extension strategy and assigns state only to its built-in
@@ -45,32 +53,40 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf)
 
-  override def apply(plan: SparkPlan): SparkPlan =
-    if (!plan.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec])) plan
+  override def apply(plan: SparkPlan): SparkPlan = {
+    val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
+    if (stateful.isEmpty) plan
     else {
       val conf = UMJoinConf.from(session.sessionState.conf)
+      val runId = stateful.head.getStateInfo.queryRunId
       val accepted =
-        if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs, tryPlan, (_, _, _) => None)
+        if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
+          tryPlan, (_, _, _) => None, (root, reason) => {
+            val message = s"the join group under ${root.nodeName} stays as Spark planned it: $reason"
+            if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
+          })
         else Nil
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
-      checkCheckpoint(plan, plans)
+      checkCheckpoint(plan, accepted.map(_._2.identity))
       tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
     }
+  }
 
   /**
    * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
-   * state is either UMJoin's (one store per input, under the root join's operator id) or Spark's.
-   * Reading one as the other would fail obscurely, or worse; this names the problem instead.
+   * state is either UMJoin's (one store per stream, under the top join's operator id, with its
+   * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
+   * this names the problem instead.
    */
-  private def checkCheckpoint(plan: SparkPlan, convertedRoots: IdentityHashMap[SparkPlan, StreamingGroupPlan]): Unit = {
+  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec]): Unit = {
     lazy val hadoopConf = session.sessionState.newHadoopConf()
     plan.foreach {
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
         val info = join.getStateInfo
-        val store = StateStoreId(info.checkpointLocation, info.operatorId, 0, StreamingUMJoinExec.storeName(0)).storeCheckpointLocation()
-        val hasUMJoinState = store.getFileSystem(hadoopConf).exists(store)
-        val isUMJoin = convertedRoots.containsKey(join)
+        val layout = StreamingUMJoinExec.layoutFile(info)
+        val hasUMJoinState = layout.getFileSystem(hadoopConf).exists(layout)
+        val isUMJoin = identities.exists(_ eq join)
         if (isUMJoin && !hasUMJoinState) {
           throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
             s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
@@ -87,75 +103,138 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
   private def tryPlan(group: MultiJoinGroup[SparkPlan]): Either[String, StreamingGroupPlan] = {
-    val joins = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
+    val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
+    val inputs = group.inputs.map(placeable)
+    val kinds = group.inputs.map(kindOf).toIndexedSeq
+    val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
     val conjuncts = group.members.flatMap {
       case j: StreamingSymmetricHashJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
+      case j: BaseJoinExec =>
+        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
       case f: FilterExec => splitConjunctivePredicates(f.condition)
       case _ => Nil
     }
-    val inputs = group.inputs
     val outputs = inputs.map(_.output)
-    JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
-      // Every stream's state is partitioned by one key: the class all streams join on.
-      val shared = graph.classes.indices.filter(c => inputs.indices.forall(graph.classes(c).inputs.contains))
-        .sortBy(c => (-graph.classes(c).members.size, !Seq(ByteType, ShortType, IntegerType, LongType).contains(graph.classes(c).members.head._2.dataType)))
-      shared.headOption.toRight("its streams do not all share one join key, which a streaming UMJoin partitions its state by").map { sharedClass =>
-        val evictionWatermark = joins.flatMap(_.eventTimeWatermarkForEviction).minOption
-        StreamingGroupPlan(
+    if (stateful.isEmpty) Left("it has no stream-stream join")
+    else if (streams.size < 2) Left("it joins fewer than two streams")
+    else JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
+      if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
+      else {
+        val identity = stateful.head
+        val info = identity.getStateInfo
+        val layout = recordedLayout(identity, graph, outputs).getOrElse(
+          StreamingLayout.choose(graph, kinds, sizes(inputs, kinds, graph), info.numPartitions))
+        val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
+        Right(StreamingGroupPlan(
           graph = graph,
-          sharedClass = sharedClass,
-          keys = inputs.indices.map(i => graph.classes(sharedClass).keyOf(i).get),
-          lateRows = inputs.indices.map { i =>
-            StreamingWatermarks.lateRows(outputs(i), joinAbove(group, inputs(i)).eventTimeWatermarkForLateEvents)
+          inputs = inputs,
+          layout = layout,
+          identity = identity,
+          lateRows = group.inputs.indices.map { i =>
+            if (kinds(i) != InputKind.Stream) None
+            else streamJoinAbove(group, group.inputs(i)).flatMap(j => StreamingWatermarks.lateRows(outputs(i), j.eventTimeWatermarkForLateEvents))
           },
-          evictable = inputs.indices.map(i => StreamingWatermarks.evictableRows(i, outputs, graph.classes, conjuncts, evictionWatermark)),
-          evictionWatermark = evictionWatermark)
+          evictable = inputs.indices.map { i =>
+            if (kinds(i) != InputKind.Stream) None
+            else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conjuncts, evictionWatermark, streams)
+          },
+          evictionWatermark = evictionWatermark))
       }
     }
   }
 
-  /** The join an input feeds directly (through projections and filters): it decides the input's late rows. */
-  private def joinAbove(group: MultiJoinGroup[SparkPlan], input: SparkPlan): StreamingSymmetricHashJoinExec = {
-    val parent = group.members.find(_.children.exists(_ eq input)).get
-    parent match {
-      case j: StreamingSymmetricHashJoinExec => j
-      case passThrough => joinAbove(group, passThrough)
+  /** The layout recorded in the checkpoint for the group's state, if any; one that does not fit this group fails the query. */
+  private def recordedLayout(identity: StreamingSymmetricHashJoinExec, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Option[StreamingLayout] = {
+    val info = identity.getStateInfo
+    val file = StreamingUMJoinExec.layoutFile(info)
+    val fs = file.getFileSystem(session.sessionState.newHadoopConf())
+    if (!fs.exists(file)) None
+    else {
+      val in = fs.open(file)
+      val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+      StreamingLayout.fromJson(text, graph, outputs) match {
+        case Right(layout) => Some(layout)
+        case Left(reason) => throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state " +
+          s"for operator ${info.operatorId} laid out for another join: $reason. Restart the query the checkpoint was written for, " +
+          s"or use a new checkpoint location.")
+      }
     }
   }
 
-  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, inputs: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
-    val root = group.root.asInstanceOf[StreamingSymmetricHashJoinExec]
-    val partitions = root.getStateInfo.numPartitions
+  /**
+   * The probe-cost model's statistics: each input's rows in this (the first) micro-batch, as Spark
+   * estimates them from the plan; without an estimate for every stream, none (all choices then
+   * differ only in how often they send a row to every partition).
+   */
+  private def sizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind], graph: JoinGraph): JoinSizes = {
+    val rows = inputs.map(estimatedRows).toIndexedSeq
+    val known = kinds.indices.forall(i => kinds(i) != InputKind.Stream || rows(i).exists(_ > 0))
+    if (known) JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)), graph.classes.map(_.inputs).toIndexedSeq)
+    else JoinSizes.uniform(inputs.size, graph.classes.size)
+  }
+
+  private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
+    case Some(logical) =>
+      val stats = logical.stats
+      Some(stats.rowCount.map(_.toDouble).getOrElse((stats.sizeInBytes / EstimationUtils.getSizePerRow(logical.output).max(1)).toDouble))
+    case None => plan.children.headOption.flatMap(estimatedRows)
+  }
+
+  /** The stream-stream join an input's rows go into (through projections, filters, stream-static joins): its watermark decides their lateness. */
+  private def streamJoinAbove(group: MultiJoinGroup[SparkPlan], node: SparkPlan): Option[StreamingSymmetricHashJoinExec] =
+    group.members.find(_.children.exists(_ eq node)).flatMap {
+      case j: StreamingSymmetricHashJoinExec => Some(j)
+      case other => streamJoinAbove(group, other)
+    }
+
+  private def kindOf(input: SparkPlan): InputKind =
+    if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
+    else input match {
+      case _: BroadcastExchangeExec => InputKind.StaticBroadcast
+      case _ => InputKind.StaticPartitioned
+    }
+
+  /** An input without the exchange or sort Spark put on it for the join it fed: the StreamingUMJoin places its inputs itself. */
+  private def placeable(input: SparkPlan): SparkPlan = input match {
+    case s: SortExec => placeable(s.child)
+    case e: ShuffleExchangeExec => e.child
+    case b: BroadcastExchangeExec => b.child
+    case other => other
+  }
+
+  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
+    val partitions = plan.identity.getStateInfo.numPartitions
+    val layout = plan.layout
+    val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
+      layout.partitionClass(j) match {
+        case Some(c) => partitionedBy(input, plan.graph.classes(c).keyOf(j).get, partitions)
+        case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
+      }
+    }
     val umjoin = StreamingUMJoinExec(
-      output = root.output,
-      inputLabels = inputs.map(label),
-      keys = plan.keys,
+      output = group.root.output,
+      inputLabels = converted.map(label),
       classInputs = plan.graph.classes.map(_.members.map(_._1)),
       classKeys = plan.graph.classes.map(_.members.map(_._2)),
       residuals = plan.graph.residuals.map(_.condition),
       residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
-      sharedClass = plan.sharedClass,
+      layout = layout,
       probeOrder = conf.probeOrder,
       lateRows = plan.lateRows,
       evictable = plan.evictable,
       stateTtlMs = conf.stateTtlMs,
-      stateInfo = root.stateInfo,
+      stateInfo = plan.identity.stateInfo,
       eventTimeWatermarkForEviction = plan.evictionWatermark,
-      children = inputs.zip(plan.keys).map { case (input, key) => partitionedBy(input, key, partitions) })
+      children = children)
     logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
-    group.members.collect { case j: StreamingSymmetricHashJoinExec if j ne root => j }
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if j ne plan.identity => j }
       .foldLeft(umjoin: SparkPlan)((child, replaced) => StreamingUMJoinMemberExec(replaced.stateInfo, child))
   }
 
-  /** The input hash-partitioned on its key into the state's partitions (Spark's exchange kept if it already is). */
-  private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan = input match {
-    case e: ShuffleExchangeExec => e.outputPartitioning match {
-      case HashPartitioning(Seq(k), `partitions`) if k.semanticEquals(key) => e
-      case _ => ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), e.child)
-    }
-    case other => ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), other)
-  }
+  /** The input hash-partitioned on its key into the state's partitions. */
+  private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
+    ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
 
   /** The stream an input reads: its files' directory (a file source), else its leaf's name. */
   private def label(input: SparkPlan): String = input.collectLeaves().map {
@@ -163,4 +242,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       scan.relation.location.rootPaths.headOption.map(p => Option(p.getParent).map(_.getName).getOrElse(p.getName)).getOrElse("files")
     case leaf => leaf.nodeName
   }.distinct.mkString("+")
+}
+
+object StreamingUMJoinRule {
+  private val logged = mutable.LinkedHashSet[(UUID, String)]()
+
+  /** Whether `message` is new for this query run: why a group stays as Spark planned it is logged once, not every micro-batch. */
+  def firstTime(runId: UUID, message: String): Boolean = logged.synchronized {
+    if (logged.size > 10000) logged.clear()
+    logged.add((runId, message))
+  }
 }

@@ -11,8 +11,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.WatermarkSupp
  * Late rows: an input's rows at or below the late-events watermark are dropped before they join or
  * are stored, with the predicate Spark's stream-stream join applies to that input's rows.
  *
- * Eviction: a stored row of input i can go once no future row of any other input can complete a
- * result with it. Spark's binary tree may evict a leaf's rows earlier because it keeps their
+ * Eviction: a stored row of input i can go once no future row of any other stream can complete a
+ * result with it (a static table's rows do not arrive; they join the stream rows of each batch). Spark's binary tree may evict a leaf's rows earlier because it keeps their
  * intermediate results in the upper joins' state; UMJoin keeps none, so it evicts row r of input i
  * only when, for every other input m, a bound rules out every future row of m (whose event time
  * passes the watermark W): a join key class shared with m's event-time column (r's key at or below
@@ -32,17 +32,19 @@ object StreamingWatermarks {
     WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutput), lateEventsWatermarkMs)
 
   /**
-   * Stored rows of input `i` that can no longer join, or None if some other input is unbounded.
-   * `classes` are the join key classes; `conditions` all conditions of the group.
+   * Stored rows of input `i` that can no longer join, or None if some other stream is unbounded.
+   * `classes` are the join key classes; `conditions` all conditions of the group; `streams` the
+   * inputs whose rows arrive over time.
    */
   def evictableRows(
       i: Int,
       inputOutputs: Seq[Seq[Attribute]],
       classes: Seq[KeyClass],
       conditions: Seq[Expression],
-      evictionWatermarkMs: Option[Long]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
+      evictionWatermarkMs: Option[Long],
+      streams: Seq[Int]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
     val distance = timeDistances(inputOutputs, conditions)
-    val others = inputOutputs.indices.filter(_ != i)
+    val others = streams.filter(_ != i)
     val bounds = others.map { m =>
       keyBound(i, m, inputOutputs, classes, watermark).orElse(distance(i)(m).flatMap { d =>
         WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))

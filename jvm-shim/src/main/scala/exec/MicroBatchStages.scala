@@ -1,0 +1,322 @@
+package umjoin.spark.exec
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Cast, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
+import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter, SQLShuffleWriteMetricsReporter}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreConf}
+import org.apache.spark.sql.execution.umjoin.InMemoryStore
+import org.apache.spark.sql.types.{BinaryType, ByteType, DataType, IntegerType, LongType, ShortType}
+
+import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator}
+import umjoin.spark.planning.{InputKind, JoinGraph, Reach, RoutePlan, RoutedStep, Segment}
+import umjoin.spark.state.JoinStore
+
+/** One stream's route in a micro-batch: its probe steps, how each reaches its store, and the segments each task runs. */
+final case class RouteRun(plan: RoutePlan, steps: Seq[RoutedStep], segments: Seq[Segment]) {
+  def start: Int = plan.route.start
+}
+
+/** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
+final case class StageMetrics(
+    numOutputRows: SQLMetric,
+    inputs: IndexedSeq[InputMetrics],
+    shipped: SQLMetric,
+    droppedLate: SQLMetric,
+    updated: SQLMetric,
+    removed: SQLMetric,
+    stateRows: IndexedSeq[SQLMetric],
+    indexEntries: IndexedSeq[SQLMetric])
+
+/**
+ * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
+ *
+ * @param joinKeys   per input, every expression it joins on: a row with a NULL in one never joins
+ * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
+ */
+final case class MicroBatchJob(
+    graph: JoinGraph,
+    kinds: IndexedSeq[InputKind],
+    outputs: IndexedSeq[Seq[Attribute]],
+    result: Seq[Attribute],
+    routes: Map[Int, RouteRun],
+    states: Map[Int, InputStateSpec],
+    joinKeys: IndexedSeq[Seq[Expression]],
+    lateRows: IndexedSeq[Option[Expression]],
+    evictable: IndexedSeq[Option[Expression]],
+    stateTtlMs: Option[Long],
+    nowMs: Long,
+    partitions: Int,
+    info: StatefulOperatorStateInfo) {
+
+  /** Tasks in a row the routes need: one per segment of the longest; each stage's task k works on partition k of every store. */
+  val stageCount: Int = routes.values.map(_.segments.size).max
+
+  val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
+
+  /** The steps (input probed, class probed by) each route takes in stage `stage`. */
+  def probesIn(stage: Int): Seq[(Int, Int, Int)] = routes.values.toSeq.flatMap { run =>
+    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.plan.steps(t).input, run.steps(t).lookupClass)))
+  }
+
+  /** The input's expression for key class `c`. */
+  def keyOf(input: Int, c: Int): Expression = graph.classes(c).keyOf(input).get
+}
+
+/**
+ * One task of one stage of a micro-batch (see [[StreamingUMJoinExec]]). Stage 0 starts the routes
+ * from the batch's new rows of every stream, stage s > 0 continues the partial combinations stage
+ * s - 1 shipped to this partition; each runs its routes' steps until a step needs another
+ * partition, then ships the combination there (to one partition, or all). The last stage writes the
+ * batch's new rows into the stores, evicts what can no longer join, and commits.
+ *
+ * Stores are read as the previous batch committed them; this batch's new rows of an input are
+ * indexed in memory from the input's partition and seen by routes that start at a later input.
+ * `committed` reports the stores the last stage committed (the operator's state metrics).
+ */
+private[exec] final class StageTask(
+    job: MicroBatchJob,
+    stage: Int,
+    context: TaskContext,
+    read: Int => Iterator[InternalRow],
+    broadcastRows: Int => Array[InternalRow],
+    shipped: () => Iterator[InternalRow],
+    metrics: StageMetrics,
+    storeConf: StateStoreConf,
+    hadoopConf: Configuration,
+    statistics: Option[ProbeCountersAccumulator],
+    committed: Seq[StateStore] => Unit) {
+
+  private val partition = context.partitionId()
+  private val isLast = stage == job.stageCount - 1
+  private val counters = statistics.map(_ => new ProbeCounters(job.kinds.size))
+  private val visible: Long => Boolean = job.stateTtlMs match {
+    case Some(ttl) => storedAt => storedAt > job.nowMs - ttl
+    case None => _ => true
+  }
+
+  // The stores of the streams: written (and read) in the last stage, read-only before it.
+  private val writers = mutable.Map[Int, InputStateWriter]()
+  private val readers = mutable.Map[Int, InputState]()
+  private def writerOf(j: Int): InputStateWriter =
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConf, hadoopConf, visible, context))
+  private def stateOf(j: Int): InputState =
+    if (isLast) writerOf(j).state
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConf, hadoopConf, visible, context))
+
+  /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
+  private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
+    val isLate = job.lateRows(j).map(predicate(_, job.outputs(j)))
+    val keys = UnsafeProjection.create(job.joinKeys(j), job.outputs(j))
+    read(j).filter { row =>
+      val dropped = isLate.exists(_.eval(row))
+      if (dropped) late.foreach(_ += 1)
+      !dropped && !keys(row).anyNull
+    }
+  }
+
+  // In-memory indexes, built when first probed: this batch's new rows of streams, and static tables.
+  private val probed = job.probesIn(stage)
+  private val memoryIndexes = mutable.Map[Int, Map[Int, JoinStore]]()
+  private def inMemory(j: Int, c: Int): JoinStore = memoryIndexes.getOrElseUpdate(j, {
+    val classes = probed.collect { case (start, `j`, cl) if job.kinds(j) != InputKind.Stream || j < start => cl }.distinct
+    val rows = job.kinds(j) match {
+      case InputKind.Stream => fresh(j, None)
+      case InputKind.StaticBroadcast => broadcastRows(j).iterator
+      case InputKind.StaticPartitioned => read(j)
+    }
+    val keys = classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j)))
+    val stores = InMemoryStore.build(rows, keys.map(k => UMJoinExec.hashable(Seq(k))), job.outputs(j), context)
+    classes.zip(stores).zip(keys).map { case ((cl, store), key) => cl -> StageTask.keyedAsBuilt(store, key.dataType) }.toMap
+  })(c)
+
+  /** The store a route from `start` probes input `input` through class `c` with (the delta rule: later starts see this batch's rows). */
+  private def storeFor(start: Int, input: Int, c: Int): JoinStore = job.kinds(input) match {
+    case InputKind.Stream if input < start => new StageTask.Both(stateOf(input).storeFor(c), inMemory(input, c))
+    case InputKind.Stream => stateOf(input).storeFor(c)
+    case _ => inMemory(input, c)
+  }
+
+  /** This stage's part of each route, ready to run (compiled when first used). */
+  private val cores = mutable.Map[Int, (Segment, ProbeCore)]()
+  private def coreOf(start: Int): (Segment, ProbeCore) = cores.getOrElseUpdate(start, {
+    val run = job.routes(start)
+    val segment = run.segments(stage)
+    val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
+      (input, index) => storeFor(start, input, index.classes.head), identity, metrics.inputs, partition)
+    (segment, new ProbeCore(compiled, Option.when(segment.from == 0)(metrics.inputs(start).rowsIn),
+      Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
+  })
+
+  /** Rows this stage produces: (the route they continue on, or -1 for a complete result row; the row). */
+  private def produced(): Iterator[(Int, InternalRow)] = {
+    def label(start: Int, rows: Iterator[InternalRow], segment: Segment): Iterator[(Int, InternalRow)] =
+      rows.map(row => (if (segment.next.isEmpty) -1 else start, row))
+    if (stage == 0) {
+      job.streams.iterator.flatMap { start =>
+        val (segment, core) = coreOf(start)
+        label(start, core.join(fresh(start, None)), segment)
+      }
+    } else {
+      val feeds = mutable.Map[Int, (Segment, StageTask.Feed, Iterator[InternalRow])]()
+      val resultRow = new UnsafeRow(job.result.size)
+      shipped().flatMap { envelope =>
+        val start = envelope.getInt(0)
+        val bytes = envelope.getBinary(1)
+        if (start < 0) {
+          resultRow.pointTo(bytes, bytes.length)
+          Iterator.single((-1, resultRow))
+        } else {
+          val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
+            val (segment, core) = coreOf(start)
+            val feed = new StageTask.Feed(job.routes(start).plan.route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
+            (segment, feed, core.join(feed))
+          })
+          feed.set(bytes)
+          label(start, rows, segment)
+        }
+      }
+    }
+  }
+
+  /** A stage before the last: its rows, each addressed to the partition it continues in. */
+  def shipping(): Iterator[(Int, InternalRow)] = {
+    val envelope = UnsafeProjection.create(Array[DataType](IntegerType, BinaryType))
+    val fields = new GenericInternalRow(2)
+    def wrap(start: Int, row: InternalRow): UnsafeRow = {
+      fields.update(0, start)
+      fields.update(1, row.asInstanceOf[UnsafeRow].getBytes)
+      envelope(fields).copy()
+    }
+    val targets = mutable.Map[Int, UnsafeProjection]()
+    def targetOf(start: Int, segment: Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
+      val order = job.routes(start).plan.route.order
+      val bound = order.take(segment.until + 1)
+      val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
+      UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
+    })
+    val all = 0 until job.partitions
+    StageTask.whenDone(produced().flatMap {
+      case (-1, row) => Iterator.single((partition, wrap(-1, row)))
+      case (start, row) =>
+        val segment = job.routes(start).segments(stage)
+        segment.next match {
+          case Some(Reach.ByKey(keyClass)) =>
+            metrics.shipped += 1
+            Iterator.single((targetOf(start, segment, keyClass)(row).getInt(0), wrap(start, row)))
+          case _ =>
+            metrics.shipped += job.partitions
+            val wrapped = wrap(start, row)
+            all.iterator.map(p => (p, wrapped))
+        }
+    }, () => report())
+  }
+
+  /** The last stage: result rows; once they are all out, the batch's new rows are stored and every store is committed. */
+  def results(): Iterator[InternalRow] =
+    StageTask.whenDone(produced().map(_._2), () => finish())
+
+  private def finish(): Unit = {
+    job.streams.foreach { j =>
+      val writer = writerOf(j)
+      fresh(j, Some(metrics.droppedLate)).foreach { row =>
+        writer.put(row, job.nowMs)
+        metrics.updated += 1
+      }
+      val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
+      if (job.stateTtlMs.isDefined || evict.isDefined) {
+        metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
+      }
+      writer.commit()
+      metrics.stateRows(j) += writer.rowCount
+      metrics.indexEntries(j) += writer.indexEntryCount
+      metrics.inputs(j).storeSize += writer.memoryBytes
+      counters.foreach(_.stored(j) = writer.rowCount)
+    }
+    committed(writers.toSeq.sortBy(_._1).flatMap(_._2.stores))
+    report()
+  }
+
+  private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
+
+  private def predicate(e: Expression, attrs: Seq[Attribute]): BasePredicate = {
+    val p = Predicate.create(e, attrs)
+    p.initialize(partition)
+    p
+  }
+}
+
+private[exec] object StageTask {
+
+  /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
+  final class Feed(numFields: Int) extends Iterator[InternalRow] {
+    private val row = new UnsafeRow(numFields)
+    private var pending = false
+    def set(bytes: Array[Byte]): Unit = {
+      row.pointTo(bytes, bytes.length)
+      pending = true
+    }
+    override def hasNext: Boolean = pending
+    override def next(): InternalRow = {
+      pending = false
+      row
+    }
+  }
+
+  /** A stream's stored rows and this batch's new ones. */
+  final class Both(stored: JoinStore, fresh: JoinStore) extends JoinStore {
+    override def get(key: UnsafeRow): Iterator[InternalRow] = stored.get(key) ++ fresh.get(key)
+    override def isEmpty: Boolean = false
+    override def keyCount: Long = stored.keyCount + fresh.keyCount
+    override def sizeInBytes: Long = stored.sizeInBytes + fresh.sizeInBytes
+    override def close(): Unit = ()
+  }
+
+  /** An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the class's own type. */
+  def keyedAsBuilt(store: JoinStore, keyType: DataType): JoinStore =
+    if (!Seq(IntegerType, ShortType, ByteType).contains(keyType)) store
+    else new JoinStore {
+      private val widen = UnsafeProjection.create(Seq(Cast(BoundReference(0, keyType, nullable = false), LongType)))
+      override def get(key: UnsafeRow): Iterator[InternalRow] = store.get(widen(key))
+      override def isEmpty: Boolean = store.isEmpty
+      override def keyCount: Long = store.keyCount
+      override def sizeInBytes: Long = store.sizeInBytes
+      override def close(): Unit = store.close()
+    }
+
+  /** `rows`, then `done()` once they ran out. */
+  def whenDone[T](rows: Iterator[T], done: () => Unit): Iterator[T] = new Iterator[T] {
+    private var finished = false
+    override def hasNext: Boolean = rows.hasNext || {
+      if (!finished) {
+        finished = true
+        done()
+      }
+      false
+    }
+    override def next(): T = rows.next()
+  }
+}
+
+/** The shuffle of partial combinations between two stages: each row goes to the partition it is addressed to. */
+object ComboShuffle {
+  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int, sc: SparkContext): RDD[InternalRow] = {
+    val writeMetrics = SQLShuffleWriteMetricsReporter.createShuffleWriteMetrics(sc)
+    val dependency = new ShuffleDependency[Int, InternalRow, InternalRow](mapSide, new AddressedPartitioner(partitions),
+      new UnsafeRowSerializer(2), shuffleWriterProcessor = ShuffleExchangeExec.createShuffleWriteProcessor(writeMetrics))
+    new ShuffledRowRDD(dependency, SQLShuffleReadMetricsReporter.createShuffleReadMetrics(sc))
+  }
+
+  private final class AddressedPartitioner(override val numPartitions: Int) extends Partitioner {
+    override def getPartition(key: Any): Int = key.asInstanceOf[Int]
+  }
+}

@@ -1,0 +1,232 @@
+package umjoin.spark.planning
+
+import org.json4s.JsonAST._
+import org.json4s.jackson.JsonMethods.{compact, parse, render}
+
+import org.apache.spark.sql.catalyst.expressions.Attribute
+import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
+
+import umjoin.spark.order.{ProbeGraph, ProbeRoute}
+
+/** How an input of a streaming UMJoin takes part. */
+sealed trait InputKind {
+  /** As `explain()` and the checkpoint's layout record name it. */
+  def name: String
+}
+
+object InputKind {
+  /** Its rows arrive in micro-batches and are kept as state, in stores partitioned by one of its join keys. */
+  case object Stream extends InputKind { override val name = "stream" }
+  /** A batch table, broadcast to every task in every micro-batch, as Spark's stream-static join broadcasts it. */
+  case object StaticBroadcast extends InputKind { override val name = "static broadcast" }
+  /** A batch table too large to broadcast: read and hash-partitioned again in every micro-batch, as Spark's stream-static join does. */
+  case object StaticPartitioned extends InputKind { override val name = "static" }
+
+  val byName: Map[String, InputKind] = Seq(Stream, StaticBroadcast, StaticPartitioned).map(k => k.name -> k).toMap
+}
+
+/** How the partial combinations of a route reach the store probed next. */
+sealed trait Reach
+
+object Reach {
+  /** They are in the right partition already: the store is partitioned on the class they are partitioned by. */
+  case object Local extends Reach
+  /** Shuffled to the one partition their value of `keyClass` (the store's partitioning class) hashes to. */
+  final case class ByKey(keyClass: Int) extends Reach
+  /** Sent to every partition: they do not carry the store's partitioning class yet (CLASH's chi). */
+  case object AllPartitions extends Reach
+}
+
+/** One step of a route as it runs: how the combinations reach the store, and the class the store is probed by. */
+final case class RoutedStep(reach: Reach, lookupClass: Int)
+
+/** Steps [from, until) of a route, run in one task; then the combinations move by `next` (None: they are complete rows). */
+final case class Segment(from: Int, until: Int, next: Option[Reach])
+
+/**
+ * How a streaming UMJoin keeps and probes its inputs: per input its kind, the key class its rows
+ * are hash-partitioned on (None for a broadcast table), the further classes a stream's store is
+ * indexed by (so that a row sent to all partitions finds its matches by a key it carries), and the
+ * route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
+ * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
+ * laid out by it.
+ */
+final case class StreamingLayout(
+    kinds: IndexedSeq[InputKind],
+    partitionClass: IndexedSeq[Option[Int]],
+    indexClasses: IndexedSeq[Seq[Int]],
+    routes: Map[Int, ProbeRoute],
+    predictedCost: Double) {
+
+  def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
+
+  /**
+   * The steps of `route`: a store partitioned on a class the combination carries is reached in its
+   * partition (in the same task when the combination is there already) and probed by that class;
+   * any other is reached in all partitions and probed by an indexed class the combination carries.
+   */
+  def steps(graph: JoinGraph, route: ProbeRoute): Seq[RoutedStep] = {
+    def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
+    var bound = classesOf(route.start)
+    var location = partitionClass(route.start)
+    route.edges.map { case (from, to) =>
+      val edge = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) && graph.classes(c).inputs.contains(to))
+      val step = partitionClass(to) match {
+        case None => RoutedStep(Reach.Local, edge.head)
+        case Some(p) if bound.contains(p) =>
+          val reach = if (location.contains(p)) Reach.Local else Reach.ByKey(p)
+          location = Some(p)
+          RoutedStep(reach, p)
+        case Some(p) =>
+          val usable = if (kinds(to) == InputKind.Stream) edge.filter(indexClasses(to).contains) else edge
+          location = Some(p)
+          RoutedStep(Reach.AllPartitions, usable.headOption.getOrElse(throw new IllegalStateException(
+            s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no class its store is indexed by")))
+      }
+      bound ++= classesOf(to)
+      step
+    }
+  }
+
+  /** A route's steps cut where the combinations move to other partitions. */
+  def segments(steps: Seq[RoutedStep]): Seq[Segment] = {
+    // A route whose first step leaves the partition starts with an empty segment: the row is shipped as it is.
+    val bounds = 0 +: steps.indices.filter(t => steps(t).reach != Reach.Local) :+ steps.size
+    bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until, if (until < steps.size) Some(steps(until).reach) else None) }
+  }
+
+  /**
+   * The probe steps this layout can run, for the adaptive policies: into a broadcast table through
+   * any shared class; into a partitioned input through its partitioning class, or through a class
+   * it is indexed by (a static table is indexed in memory by any).
+   */
+  def probeGraph(graph: JoinGraph): ProbeGraph = {
+    val n = kinds.size
+    ProbeGraph(n, for {
+      from <- 0 until n
+      to <- 0 until n
+      if from != to && graph.classes.exists { c =>
+        c.inputs.contains(from) && c.inputs.contains(to) && {
+          val index = graph.classes.indexOf(c)
+          kinds(to) != InputKind.Stream || partitionClass(to).contains(index) || indexClasses(to).contains(index)
+        }
+      }
+    } yield (from, to))
+  }
+}
+
+object StreamingLayout {
+
+  /**
+   * The layout of least probe cost for a group: every partitioned input's class and every stream's
+   * route from [[ProbeCost.optimize]]; a stream's store is then indexed by each class a route probes
+   * it through when sending to all its partitions.
+   */
+  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, partitions: Int): StreamingLayout = {
+    val n = kinds.size
+    val candidates = (0 until n).map { i =>
+      if (kinds(i) == InputKind.StaticBroadcast) Nil
+      else graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i))
+        .sortBy(c => (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
+    }
+    val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
+    val choice = ProbeCost.optimize(costGraph, sizes, partitions)
+    val everyClass = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
+    val provisional = StreamingLayout(kinds, choice.partitioning, everyClass, choice.routes, choice.cost)
+    val indexes = (0 until n).map { i =>
+      if (kinds(i) != InputKind.Stream) Nil
+      else choice.routes.values.toSeq.flatMap { route =>
+        route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, c)) => c }
+      }.distinct.sorted
+    }
+    provisional.copy(indexClasses = indexes)
+  }
+
+  private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
+
+  /** The layout as the checkpoint keeps it: classes named by each input's key expression, so they are found again after a restart. */
+  def toJson(layout: StreamingLayout, graph: JoinGraph, inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
+    def key(input: Int, c: Int): JValue = JString(graph.classes(c).keyOf(input).get.sql)
+    val inputJson = inputs.indices.map { i =>
+      JObject(
+        "label" -> JString(labels(i)),
+        "kind" -> JString(layout.kinds(i).name),
+        "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
+        "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
+        "indexedBy" -> JArray(layout.indexClasses(i).map(key(i, _)).toList))
+    }
+    val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
+      JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
+    }
+    compact(render(JObject(
+      "format" -> JInt(1),
+      "inputs" -> JArray(inputJson.toList),
+      "routes" -> JArray(routeJson.toList),
+      "predictedProbeCost" -> JDouble(layout.predictedCost))))
+  }
+
+  /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
+  def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): Either[String, StreamingLayout] =
+    try Right(read(text, graph, inputs)) catch { case m: LayoutMismatch => Left(m.getMessage) }
+
+  private final class LayoutMismatch(reason: String) extends Exception(reason)
+
+  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): StreamingLayout = {
+    def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
+    val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
+    val recorded = json \ "inputs" match {
+      case JArray(items) => items
+      case _ => fail("its layout record has no inputs")
+    }
+    if (recorded.size != inputs.size) fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
+    def classOf(input: Int, key: String): Int =
+      graph.classes.indices.find(c => graph.classes(c).keyOf(input).exists(_.sql == key))
+        .getOrElse(fail(s"input #$input was stored by $key, which this join does not join it on"))
+    val parsed = recorded.zipWithIndex.map { case (item, i) =>
+      val kind = item \ "kind" match {
+        case JString(k) => InputKind.byName.getOrElse(k, fail(s"input #$i has an unknown kind $k"))
+        case _ => fail(s"input #$i has no kind in its layout record")
+      }
+      val cols = item \ "columns" match {
+        case JArray(cs) => cs.collect { case JString(c) => c }
+        case _ => Nil
+      }
+      if (cols != columns(inputs(i))) fail(s"input #$i had columns (${cols.mkString(", ")}), now (${columns(inputs(i)).mkString(", ")})")
+      val partition = item \ "partitionedBy" match {
+        case JString(k) => Some(classOf(i, k))
+        case _ => None
+      }
+      val indexes = item \ "indexedBy" match {
+        case JArray(ks) => ks.collect { case JString(k) => classOf(i, k) }
+        case _ => Nil
+      }
+      (kind, partition, indexes)
+    }.toIndexedSeq
+    val routes = json \ "routes" match {
+      case JArray(items) => items.map { item =>
+        val start = item \ "start" match {
+          case JInt(s) => s.toInt
+          case _ => fail("a recorded route has no start")
+        }
+        val edges = item \ "edges" match {
+          case JArray(es) => es.collect { case JArray(List(JInt(f), JInt(t))) => (f.toInt, t.toInt) }
+          case _ => Nil
+        }
+        start -> ProbeRoute(start, edges)
+      }.toMap
+      case _ => fail("its layout record has no routes")
+    }
+    val cost = json \ "predictedProbeCost" match {
+      case JDouble(c) => c
+      case JInt(c) => c.toDouble
+      case _ => 0.0
+    }
+    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost)
+    val routesFit = layout.streams.forall(s => routes.get(s).exists(_.order.sorted == inputs.indices)) &&
+      routes.values.forall(r => scala.util.Try(layout.steps(graph, r)).isSuccess)
+    if (!routesFit) fail("its recorded probe routes do not fit this join")
+    layout
+  }
+
+  private def columns(attributes: Seq[Attribute]): List[String] = attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
+}
