@@ -9,8 +9,8 @@ import org.apache.spark.sql.catalyst.trees.TreeNode
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 
-import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, Smoothing, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.InputLabels
+import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, ProbeRoute, Smoothing, StatisticsHistory, StoreStructure}
+import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, ProbeCost}
 import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
@@ -120,6 +120,59 @@ object PlanInspection {
     val f = history.forecast(smoothing)
     def triples(m: Map[(Int, Int), Double]) = JArray(m.toList.sorted.map { case ((a, b), v) => JArray(List(JInt(a), JInt(b), JDouble(v))) })
     compact(render(JObject("gamma" -> triples(f.matchRate), "mu" -> triples(f.matchesPerSuccess), "kappa" -> JArray(f.keys.map(JDouble(_)).toList))))
+  }
+
+  /**
+   * The probe-cost model of streaming groups (paper 002, Eq. 1, [[ProbeCost]]). Request `{"groups":
+   * [{"names": [..n], "classes": [[inputs]], "candidates": [[classes] per input; [] = broadcast],
+   * "starts": [inputs], "rates": [..n], "distinct": [per class]}], "partitions": p, "jointly": bool}`;
+   * answer `{"groups": [{"partitioning": [class or null], "routes": {"<start>": [order]}, "cost"}],
+   * "jointly": {"cost", "routes": [{"<start>": [order]}]}}`: each group optimised alone, and with
+   * `jointly` all together with shared route prefixes paid once (exhaustive over all routes, for
+   * small examples; partitioning left out, as in the paper's example).
+   */
+  def probeCost(request: String): String = {
+    val json = parse(request)
+    val partitions = intOf(json \ "partitions")
+    val groups = (json \ "groups") match {
+      case JArray(items) => items.map { g =>
+        def ints(v: JValue): Seq[Int] = v match {
+          case JArray(xs) => xs.map(intOf)
+          case other => bad("a list of integers", other)
+        }
+        def lists(field: String): IndexedSeq[Seq[Int]] = g \ field match {
+          case JArray(xs) => xs.map(ints).toIndexedSeq
+          case other => bad(field, other)
+        }
+        def numbers(field: String): IndexedSeq[Double] = g \ field match {
+          case JArray(xs) => xs.map(doubleOf).toIndexedSeq
+          case other => bad(field, other)
+        }
+        val names = g \ "names" match {
+          case JArray(xs) => xs.map(stringOf).toIndexedSeq
+          case other => bad("names", other)
+        }
+        val graph = CostGraph(names.size, lists("classes").map(_.toSet), lists("candidates"), ints(g \ "starts"))
+        (graph, names, JoinSizes(numbers("rates"), numbers("distinct")))
+      }
+      case other => bad("groups", other)
+    }
+    def routesJson(routes: Map[Int, ProbeRoute]): JValue =
+      JObject(routes.toList.sortBy(_._1).map { case (s, r) => s.toString -> JArray(r.order.map(i => JInt(i)).toList) })
+    val alone = groups.map { case (graph, _, sizes) =>
+      val choice = ProbeCost.optimize(graph, sizes, partitions)
+      JObject(
+        "partitioning" -> JArray(choice.partitioning.map(_.map(c => JInt(c): JValue).getOrElse(JNull)).toList),
+        "routes" -> routesJson(choice.routes),
+        "cost" -> JDouble(choice.cost))
+    }
+    val jointly = json \ "jointly" match {
+      case JBool(true) =>
+        val (cost, routes) = ProbeCost.optimizeJointly(groups)
+        JObject("cost" -> JDouble(cost), "routes" -> JArray(routes.map(routesJson).toList))
+      case _ => JNull
+    }
+    compact(render(JObject("groups" -> JArray(alone.toList), "jointly" -> jointly)))
   }
 
   private def statistics(json: JValue): CycleStatistics = {
