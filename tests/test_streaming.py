@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -122,16 +123,25 @@ def test_state_of_each_input_is_reported_in_progress(spark: SparkSession, tmp_pa
     assert all(umjoin["customMetrics"][f"stateBytesInput{i}"] > 0 for i in range(3))
 
 
-def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_path: Path) -> None:
+def chain(frames: dict[str, DataFrame]) -> DataFrame:
+    """x and y joined on k, y and z on j: no key all three share."""
+    x, y, z = frames["x"], frames["y"], frames["z"]
+    return x.join(y, x.x_k == y.y_k).join(z, y.y_j == z.z_j)
+
+
+@pytest.mark.parametrize("shape", ["star", "chain"])
+def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_path: Path, shape: str) -> None:
     """Stop a running query mid-stream, restart it from its checkpoint: the file sink holds every row once."""
     rng = random.Random(11)
-    data = {n: [[(rng.randrange(6), rng.randrange(1000)) for _ in range(8)] for _ in range(6)] for n in "xyz"}
+    data = {n: [[(rng.randrange(6), rng.randrange(4), rng.randrange(1000)) for _ in range(8)] for _ in range(6)] for n in "xyz"}
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+    join = (lambda frames: star(frames, "xyz")) if shape == "star" else chain
     for name, batches in data.items():
-        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches[:4])
+        write_batches(tmp_path / name, columns[name], batches[:4])
 
     def start() -> StreamingQuery:
-        frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in "xyz"}
-        return (star(frames, "xyz").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}
+        return (join(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds").start())
 
     running = start()
@@ -140,7 +150,7 @@ def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_
         time.sleep(0.1)
     running.stop()  # mid-stream: files of batches 2-3 may not have been read yet
     for name, batches in data.items():
-        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches[4:])
+        write_batches(tmp_path / name, columns[name], batches[4:])
     restarted = start()
     restarted.processAllAvailable()
     plan = executed_plan(restarted)
@@ -148,10 +158,53 @@ def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_
 
     written = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        tables = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
-        expected = sorted_rows(star(tables, "xyz"))
-    assert "StreamingUMJoin inputs=" in plan
+        expected = sorted_rows(join({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}))
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan
     assert written == expected and len(expected) > 0
+
+
+def test_a_chain_shows_its_layout_and_ships_partial_combinations(spark: SparkSession, tmp_path: Path) -> None:
+    """explain() names each input's partitioning key and index, every stream's route and the predicted
+    probe cost; the progress counts the partial combinations shipped between stores and the index entries."""
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT", [[(i % 4, i % 3, i) for i in range(12)]] * 2)
+    frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT") for n in "xyz"}
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        rows, query = run_to_end(chain(frames), "chain_layout", tmp_path / "ck")
+    (line,) = [l for l in executed_plan(query).splitlines() if "StreamingUMJoin inputs=" in l]
+    assert "#1 y (partitioned by y_k" in line and "indexed by y_j" in line  # y is stored once, by k, and indexed by j
+    assert "#0 x (partitioned by x_k" in line and "#2 z (partitioned by z_j" in line
+    assert "routes=[#0: #0 -> #1 => #2; #1: #1 -> #0 => #2; #2: #2 =>* #1 -> #0]" in line
+    assert re.search(r"predictedProbeCost=[0-9.e+]+", line)
+    (umjoin,) = [op for op in query.lastProgress["stateOperators"] if op["operatorName"] == "umJoin"]
+    metrics = umjoin["customMetrics"]
+    assert [metrics[f"stateRowsInput{i}"] for i in range(3)] == [24, 24, 24]
+    assert [metrics[f"stateIndexEntriesInput{i}"] for i in range(3)] == [0, 24, 0]
+    assert umjoin["numRowsTotal"] == 24 * 4
+    shipped = sum(op["customMetrics"]["partialCombinationsShipped"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin")
+    assert shipped > 0
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        assert rows == sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}))
+
+
+def test_a_checkpoint_laid_out_for_another_join_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    """The layout of UMJoin's state is kept in the checkpoint; a restart with a join on other keys names the problem."""
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+    for name in "xyz":
+        write_batches(tmp_path / name, columns[name], [[(1, 2, 3)]])
+
+    def run_once(join: Any) -> None:
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}
+        query = (join(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    run_once(chain)
+    for name in "xyz":
+        write_batches(tmp_path / name, columns[name], [[(1, 2, 4)]])
+    with pytest.raises(Exception) as failure:
+        run_once(lambda f: f["x"].join(f["y"], f["x"].x_j == f["y"].y_j).join(f["z"], f["y"].y_k == f["z"].z_k))
+    assert "laid out for another join" in str(failure.value) and "use a new checkpoint location" in str(failure.value)
 
 
 def event_time_data(tmp_path: Path) -> None:
@@ -166,30 +219,32 @@ def event_time_data(tmp_path: Path) -> None:
                 at = base + datetime.timedelta(minutes=10 * b + rng.randint(0, 9))
                 if b > 2 and rng.random() < 0.1:
                     at = base - datetime.timedelta(days=1)
-                rows.append((rng.randrange(6), at, rng.randrange(1000)))
+                rows.append((rng.randrange(6), rng.randrange(3), at, rng.randrange(1000)))
             batches.append(rows)
-        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT", batches)
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT", batches)
 
 
-def time_bounded_join(spark: SparkSession, tmp_path: Path) -> DataFrame:
-    """y and z within 5 minutes of x; Spark needs one event-time column per join side, so y's is dropped."""
+def time_bounded_join(spark: SparkSession, tmp_path: Path, keys: str) -> DataFrame:
+    """y and z within 5 minutes of x; Spark needs one event-time column per join side, so y's is dropped.
+    z joins y on k (`shared`: all three on k) or on j (`chain`: two key classes)."""
     frames = {
-        n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_ts TIMESTAMP, {n}_v BIGINT").withWatermark(f"{n}_ts", "15 minutes")
+        n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_ts TIMESTAMP, {n}_v BIGINT").withWatermark(f"{n}_ts", "15 minutes")
         for n in "xyz"
     }
     x, y, z = frames["x"], frames["y"], frames["z"]
     near = lambda a, b: a.between(b - F.expr("interval 5 minutes"), b + F.expr("interval 5 minutes"))  # noqa: E731
-    return (x.join(y, (x.x_k == y.y_k) & near(y.y_ts, x.x_ts)).select("x_k", "x_ts", "x_v", "y_k", "y_v")
-            .join(z, (F.col("y_k") == z.z_k) & near(z.z_ts, F.col("x_ts"))))
+    key = "k" if keys == "shared" else "j"
+    return (x.join(y, (x.x_k == y.y_k) & near(y.y_ts, x.x_ts)).select("x_k", "x_ts", "x_v", "y_k", "y_j", "y_v")
+            .join(z, (F.col(f"y_{key}") == z[f"z_{key}"]) & near(z.z_ts, F.col("x_ts"))))
 
 
-@pytest.mark.parametrize("provider", ["hdfs", "rocksdb"])
-def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSession, tmp_path: Path, provider: str) -> None:
+@pytest.mark.parametrize(("provider", "keys"), [("hdfs", "shared"), ("rocksdb", "shared"), ("rocksdb", "chain")])
+def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSession, tmp_path: Path, provider: str, keys: str) -> None:
     event_time_data(tmp_path)
     with temporary_conf(spark, ROCKSDB if provider == "rocksdb" else {}):
-        on, umjoin = run_to_end(time_bounded_join(spark, tmp_path), f"wm_on_{provider}", tmp_path / "ck-on")
+        on, umjoin = run_to_end(time_bounded_join(spark, tmp_path, keys), f"wm_on_{provider}_{keys}", tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            off, spark_joins = run_to_end(time_bounded_join(spark, tmp_path), f"wm_off_{provider}", tmp_path / "ck-off")
+            off, spark_joins = run_to_end(time_bounded_join(spark, tmp_path, keys), f"wm_off_{provider}_{keys}", tmp_path / "ck-off")
 
     def totals(query: StreamingQuery, key: str) -> list[int]:
         return [sum(op[key] for op in p["stateOperators"]) for p in query.recentProgress]
@@ -200,20 +255,6 @@ def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSessi
     state = totals(umjoin, "numRowsTotal")
     assert sum(totals(umjoin, "numRowsRemoved")) > 0 and state[-1] < max(state)  # expired rows were evicted
     assert state[-1] <= totals(spark_joins, "numRowsTotal")[-1]  # and no intermediate results are kept
-
-
-def test_streams_without_a_common_key_run_as_one_umjoin(spark: SparkSession, tmp_path: Path) -> None:
-    """x and y join on a, y and z on b: y's rows are stored by one key and indexed by the other."""
-    for name in "xyz":
-        write_batches(tmp_path / name, f"{name}_a BIGINT, {name}_b BIGINT", [[(i % 4, i % 3) for i in range(12)]] * 2)
-    frames = {n: stream(spark, tmp_path / n, f"{n}_a BIGINT, {n}_b BIGINT") for n in "xyz"}
-    x, y, z = frames["x"], frames["y"], frames["z"]
-    rows, query = run_to_end(x.join(y, x.x_a == y.y_a).join(z, y.y_b == z.z_b), "no_common_key", tmp_path / "ck")
-    plan = executed_plan(query)
-    assert "StreamingSymmetricHashJoin" not in plan and plan.count("StreamingUMJoin inputs=") == 1
-    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        t = {n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}
-        assert rows == sorted_rows(t["x"].join(t["y"], t["x"].x_a == t["y"].y_a).join(t["z"], t["y"].y_b == t["z"].z_b))
 
 
 def test_state_ttl_bounds_state_and_changes_results(spark: SparkSession, tmp_path: Path) -> None:
