@@ -116,7 +116,7 @@ object InputState {
 }
 
 /** Writes one micro-batch's changes to a stream input's stores in one partition, then commits them. */
-final class InputStateWriter(spec: InputStateSpec, primary: StateStore, indexes: Map[Int, StateStore], val state: InputState, version: Long) {
+final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[Int, StateStore], val state: InputState, version: Long) {
   private val partitionKeyOf = UnsafeProjection.create(Seq(spec.partitionKey), spec.output)
   private val indexKeyOf = spec.indexKeys.map { case (c, key) => c -> UnsafeProjection.create(Seq(key), spec.output) }.toMap
   private val toStored = UnsafeProjection.create(spec.output, spec.output)
@@ -166,7 +166,9 @@ final class InputStateWriter(spec: InputStateSpec, primary: StateStore, indexes:
     indexes.values.foreach(_.commit())
   }
 
-  def stores: Seq[StateStore] = primary +: indexes.toSeq.sortBy(_._1).map(_._2)
+  /** The stores beside the rows: the indexes. */
+  def auxiliary: Seq[StateStore] = indexes.toSeq.sortBy(_._1).map(_._2)
+  def stores: Seq[StateStore] = primary +: auxiliary
   def rowCount: Long = primary.metrics.numKeys
   def indexEntryCount: Long = indexes.values.map(_.metrics.numKeys).sum
   def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum

@@ -13,7 +13,7 @@ import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter, SQLShuffleWriteMetricsReporter}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreConf}
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 import org.apache.spark.sql.execution.umjoin.InMemoryStore
 import org.apache.spark.sql.types.{BinaryType, ByteType, DataType, IntegerType, LongType, ShortType}
 
@@ -94,7 +94,7 @@ private[exec] final class StageTask(
     storeConf: StateStoreConf,
     hadoopConf: Configuration,
     statistics: Option[ProbeCountersAccumulator],
-    committed: Seq[StateStore] => Unit) {
+    committed: Seq[InputStateWriter] => Unit) {
 
   private val partition = context.partitionId()
   private val isLast = stage == job.stageCount - 1
@@ -153,7 +153,7 @@ private[exec] final class StageTask(
     val segment = run.segments(stage)
     val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
       (input, index) => storeFor(start, input, index.classes.head), identity, metrics.inputs, partition)
-    (segment, new ProbeCore(compiled, Option.when(segment.from == 0)(metrics.inputs(start).rowsIn),
+    (segment, new ProbeCore(compiled, Option.when(stage == 0)(metrics.inputs(start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
 
@@ -242,7 +242,7 @@ private[exec] final class StageTask(
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }
-    committed(writers.toSeq.sortBy(_._1).flatMap(_._2.stores))
+    committed(writers.toSeq.sortBy(_._1).map(_._2))
     report()
   }
 

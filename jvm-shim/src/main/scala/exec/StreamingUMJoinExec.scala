@@ -13,7 +13,7 @@ import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Dist
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStoreConf}
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore, StateStoreConf}
 
 import umjoin.spark.order.{ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
 import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StoreIndex, StreamingLayout}
@@ -110,6 +110,19 @@ case class StreamingUMJoinExec(
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     evictable.exists(_.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
 
+  /**
+   * The memory and provider metrics of an input's index stores count as the operator's; their
+   * entries are not state rows (numRowsTotal is the input rows kept, as Spark's join counts each
+   * buffered row once, not its counts per key). Index entries show per input as
+   * `stateIndexEntriesInput<i>`.
+   */
+  private def setAuxiliaryStoreMetrics(store: StateStore): Unit = {
+    val m = store.metrics
+    longMetric("stateMemory") += m.memoryUsedBytes
+    setStoreCustomMetrics(m.customMetrics)
+    setStoreInstanceMetrics(m.instanceMetrics)
+  }
+
   override protected def doExecute(): RDD[InternalRow] = {
     val info = getStateInfo
     val partitions = info.numPartitions
@@ -175,9 +188,10 @@ case class StreamingUMJoinExec(
 
     def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
       new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
-        metrics, storeConf, serializableConf.value, statistics, stores => {
-          stores.foreach(self.setStoreMetrics(_, false))
-          self.setOperatorMetrics(stores.size)
+        metrics, storeConf, serializableConf.value, statistics, writers => {
+          writers.foreach(w => self.setStoreMetrics(w.primary, false))
+          writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
+          self.setOperatorMetrics(writers.map(_.stores.size).sum)
         })
 
     val shuffled = (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
