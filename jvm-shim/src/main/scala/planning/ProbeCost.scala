@@ -19,16 +19,26 @@ final case class CostGraph(numInputs: Int, classes: IndexedSeq[Set[Int]], candid
 }
 
 /**
- * Expected join sizes of sets of inputs: the product of the inputs' rates, divided, for every key
- * class, by its number of distinct values once per further input of the set in that class (the
- * textbook estimate: values independent, the smaller domain contained in the larger).
+ * Expected join sizes of sets of inputs: the product of the inputs' rates, divided by a class's
+ * number of distinct values for every join that connects two more inputs of the set (the textbook
+ * estimate: the smaller domain contained in the larger). Where several classes join the same
+ * inputs (TPC-H's lineitem and partsupp on part and supplier key), only the most selective counts,
+ * as Spark's own estimate of a join on several keys takes the key with the most distinct values:
+ * the values of one row's keys go together, so dividing by every class would make such a join
+ * look like almost no rows. Formally, the classes of most distinct values that span the set
+ * (a maximum spanning forest).
  */
 final case class JoinSizes(rates: IndexedSeq[Double], distinct: IndexedSeq[Double]) {
   def of(inputs: Set[Int], classes: IndexedSeq[Set[Int]]): Double = {
-    val product = inputs.toSeq.map(rates).product
-    classes.indices.foldLeft(product) { (size, c) =>
-      val k = (classes(c) intersect inputs).size
-      if (k > 1) size / math.pow(distinct(c), (k - 1).toDouble) else size
+    val component = mutable.Map[Int, Int]() ++ inputs.map(i => i -> i)
+    def root(i: Int): Int = if (component(i) == i) i else root(component(i))
+    classes.indices.sortBy(c => (-distinct(c), c)).foldLeft(inputs.toSeq.map(rates).product) { (size, c) =>
+      (classes(c) intersect inputs).toSeq.sorted.sliding(2).foldLeft(size) {
+        case (joined, Seq(a, b)) if root(a) != root(b) =>
+          component(root(b)) = root(a)
+          joined / distinct(c)
+        case (joined, _) => joined
+      }
     }
   }
 }
@@ -78,6 +88,26 @@ object ProbeCost {
     (1 until order.size).map(j => step(graph, sizes, partitioning, partitions, order.take(j).toSet, order(j))).sum
   }
 
+  /**
+   * Stored rows a route's lookups read, before their residual conditions: per step, the partial
+   * combinations probing (as in Eq. 1, without chi: a combination sent to every partition reads
+   * each partition's share) times the rows of one lookup, the store's rate over the distinct values
+   * of the class it is looked up by. That class is the store's partitioning class when the
+   * combination carries it, else the first class the step's edge shares (the store's index), as
+   * [[StreamingLayout.steps]] runs it. Eq. 1 counts probes only; this tells apart partitionings
+   * whose probes cost the same but read a low-cardinality key (a nation) where a selective one (a
+   * supplier) was at hand.
+   */
+  def scanned(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], route: ProbeRoute): Double = {
+    val order = route.order
+    route.edges.zipWithIndex.map { case ((from, to), s) =>
+      val bound = order.take(s + 1).toSet
+      val lookup = partitioning(to).filter(c => graph.classes(c).exists(bound.contains))
+        .getOrElse(graph.classes.indices.find(c => graph.classes(c).contains(from) && graph.classes(c).contains(to)).get)
+      sizes.of(bound, graph.classes) / bound.size * sizes.rates(to) / sizes.distinct(lookup)
+    }.sum
+  }
+
   /** Eq. 1 for a whole group: the sum over its start inputs' routes. */
   def total(graph: CostGraph, sizes: JoinSizes, choice: ProbeChoice, partitions: Int): Double =
     graph.starts.map(s => route(graph, sizes, choice.partitioning, partitions, choice.routes(s))).sum
@@ -91,8 +121,8 @@ object ProbeCost {
    * set is computed once (dynamic programming over subsets) and each start's best route read off
    * it. Partitionings are searched exhaustively up to [[ExhaustiveLimit]] of them (8 inputs with up
    * to 4 candidate classes each), else by changing one input's class at a time while that helps.
-   * On equal cost, the choice with fewer stores partitioned apart (fewer shuffles) wins, then the
-   * earlier candidates.
+   * On equal cost, the choice whose lookups read fewer stored rows wins ([[scanned]]), then the one
+   * with fewer stores partitioned apart (fewer shuffles), then the earlier candidates.
    */
   def optimize(graph: CostGraph, sizes: JoinSizes, partitions: Int): ProbeChoice = {
     require(graph.numInputs <= 20, "the probe-cost search handles at most 20 inputs")
@@ -101,7 +131,7 @@ object ProbeCost {
     val classMasks = graph.classes.map(c => c.foldLeft(0)((m, i) => m | (1 << i)))
     val neighbourMasks = (0 until n).map(i => graph.neighbours(i).foldLeft(0)((m, j) => m | (1 << j)))
 
-    def evaluate(partitioning: IndexedSeq[Option[Int]]): (Double, Int, Map[Int, ProbeRoute]) = {
+    def evaluate(partitioning: IndexedSeq[Option[Int]]): Evaluated = {
       val full = (1 << n) - 1
       val best = Array.fill(1 << n)(Double.NaN)
       val nextOf = Array.fill(1 << n)(-1)
@@ -141,18 +171,20 @@ object ProbeCost {
         s -> routeThrough(graph, partitioning, order.toSeq)
       }.toMap
       val cost = graph.starts.map(s => best(1 << s)).sum
-      (cost, routes.values.map(r => shuffles(graph, partitioning, r)).sum, routes)
+      Evaluated(cost, routes.values.map(r => scanned(graph, sizes, partitioning, r)).sum,
+        routes.values.map(r => shuffles(graph, partitioning, r)).sum, routes)
     }
 
-    def better(a: (Double, Int, Map[Int, ProbeRoute]), b: (Double, Int, Map[Int, ProbeRoute])): Boolean =
-      a._1 < b._1 - 1e-9 * math.abs(b._1) || (math.abs(a._1 - b._1) <= 1e-9 * math.abs(b._1) && a._2 < b._2)
+    def below(a: Double, b: Double): Boolean = a < b - 1e-9 * math.abs(b)
+    def better(a: Evaluated, b: Evaluated): Boolean =
+      below(a.cost, b.cost) || (!below(b.cost, a.cost) && (below(a.scanned, b.scanned) || (!below(b.scanned, a.scanned) && a.shuffles < b.shuffles)))
 
     val options = (0 until n).map(i => if (graph.broadcast(i)) Seq(None) else graph.candidates(i).map(Some(_)))
     val count = options.foldLeft(BigInt(1))(_ * _.size)
     val (partitioning, result) =
       if (count <= ExhaustiveLimit) {
         var bestPartitioning: IndexedSeq[Option[Int]] = null
-        var bestResult: (Double, Int, Map[Int, ProbeRoute]) = null
+        var bestResult: Evaluated = null
         combinations(options).foreach { p =>
           val r = evaluate(p)
           if (bestResult == null || better(r, bestResult)) {
@@ -179,9 +211,12 @@ object ProbeCost {
         }
         (current, currentResult)
       }
-    require(result._1.isFinite, "probe routes need inputs connected by join keys")
-    ProbeChoice(partitioning, result._3, result._1)
+    require(result.cost.isFinite, "probe routes need inputs connected by join keys")
+    ProbeChoice(partitioning, result.routes, result.cost)
   }
+
+  /** A partitioning's routes with their probe cost (Eq. 1), stored rows read and shuffles. */
+  private final case class Evaluated(cost: Double, scanned: Double, shuffles: Int, routes: Map[Int, ProbeRoute])
 
   /**
    * The route visiting `order`, each step from the earliest bound input that carries the next
