@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from umjoin import plans
 from umjoin.local import temporary_conf
 
 ROCKSDB = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}
@@ -180,7 +181,7 @@ def test_a_chain_shows_its_layout_and_ships_partial_combinations(spark: SparkSes
     metrics = umjoin["customMetrics"]
     assert [metrics[f"stateRowsInput{i}"] for i in range(3)] == [24, 24, 24]
     assert [metrics[f"stateIndexEntriesInput{i}"] for i in range(3)] == [0, 24, 0]
-    assert umjoin["numRowsTotal"] == 24 * 4
+    assert umjoin["numRowsTotal"] == 24 * 3  # the rows kept; index entries are not rows
     shipped = sum(op["customMetrics"]["partialCombinationsShipped"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin")
     assert shipped > 0
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
@@ -204,14 +205,45 @@ def test_a_checkpoint_laid_out_for_another_join_is_refused(spark: SparkSession, 
         write_batches(tmp_path / name, columns[name], [[(1, 2, 4)]])
     with pytest.raises(Exception) as failure:
         run_once(lambda f: f["x"].join(f["y"], f["x"].x_j == f["y"].y_j).join(f["z"], f["y"].y_k == f["z"].z_k))
-    assert "laid out for another join" in str(failure.value) and "use a new checkpoint location" in str(failure.value)
+    message = str(failure.value)
+    assert "holds StreamingUMJoin state for operator 0 that this query cannot continue: input #" in message
+    assert "which this join does not join it on" in message and "use a new checkpoint location" in message
 
 
-def event_time_data(tmp_path: Path) -> None:
-    """Three streams whose event times advance 10 minutes a batch; a few rows arrive a day late."""
+@pytest.mark.parametrize("change", ["older format", "no layout record"])
+def test_state_of_another_umjoin_version_is_refused(spark: SparkSession, tmp_path: Path, change: str) -> None:
+    """A checkpoint whose UMJoin state another version wrote (another layout format, or the stores of a version
+    that recorded no layout) is refused with a message, not read as if it were this version's."""
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+
+    def run_once() -> None:
+        for name in "xyz":
+            write_batches(tmp_path / name, columns[name], [[(1, 2, 3)]])
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}
+        query = (chain(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    run_once()
+    (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
+    assert [p.name for p in (layout.parent / "0").iterdir() if p.name.startswith("umjoin-input-1")] != []
+    if change == "older format":
+        layout.write_text(layout.read_text().replace('"format":1', '"format":0'))
+        (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
+        expected = "written by another version of UMJoin (state layout format 0; this version keeps format 1)"
+    else:
+        layout.unlink()
+        expected = "written by an earlier version of UMJoin, whose state layout this version cannot read"
+    with pytest.raises(Exception) as failure:
+        run_once()
+    assert expected in str(failure.value) and "new checkpoint location" in str(failure.value)
+
+
+def event_time_data(tmp_path: Path, names: str = "xyz") -> None:
+    """Streams whose event times advance 10 minutes a batch; a few rows arrive a day late."""
     rng = random.Random(7)
     base = datetime.datetime(2026, 1, 1)
-    for name in "xyz":
+    for name in names:
         batches = []
         for b in range(8):
             rows = []
@@ -255,6 +287,30 @@ def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSessi
     state = totals(umjoin, "numRowsTotal")
     assert sum(totals(umjoin, "numRowsRemoved")) > 0 and state[-1] < max(state)  # expired rows were evicted
     assert state[-1] <= totals(spark_joins, "numRowsTotal")[-1]  # and no intermediate results are kept
+
+
+def test_an_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: SparkSession, tmp_path: Path) -> None:
+    """w, x and y joined inner (one StreamingUMJoin), then z LEFT OUTER: Spark's outer join stays on top,
+    its reason is recorded once for the query run although every micro-batch is planned again."""
+    event_time_data(tmp_path, "wxyz")
+
+    def query() -> DataFrame:
+        f = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_ts TIMESTAMP, {n}_v BIGINT").withWatermark(f"{n}_ts", "15 minutes")
+             for n in "wxyz"}
+        near = lambda a, b: a.between(b - F.expr("interval 5 minutes"), b + F.expr("interval 5 minutes"))  # noqa: E731
+        inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("x_ts"))).drop("y_ts")
+                 .join(f["w"], (F.col("x_j") == F.col("w_j")) & near(F.col("w_ts"), F.col("x_ts"))).drop("w_ts"))
+        return inner.join(f["z"], (F.col("x_k") == F.col("z_k")) & near(F.col("z_ts"), F.col("x_ts")), "left_outer")
+
+    on, running = run_to_end(query(), "outer_on", tmp_path / "ck-on")
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        off, _ = run_to_end(query(), "outer_off", tmp_path / "ck-off")
+    plan = executed_plan(running)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and plan.count("StreamingSymmetricHashJoin") == 1, plan
+    (reason,) = plans.unconverted_streaming_joins(spark, running)
+    assert re.fullmatch(r"the LEFT OUTER stream-stream join on x_k#\d+L = z_k#\d+L stays as Spark planned it: "
+                        r"rules/streaming.yaml admits inner stream-stream joins only, not LEFT OUTER joins", reason), reason
+    assert on == off and any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
 
 
 def test_state_ttl_bounds_state_and_changes_results(spark: SparkSession, tmp_path: Path) -> None:

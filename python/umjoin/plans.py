@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from umjoin.local import temporary_conf
 
@@ -28,6 +29,7 @@ __all__ = [
     "render",
     "render_lines",
     "tsc_groups",
+    "unconverted_streaming_joins",
     "umjoin_nodes",
 ]
 
@@ -104,6 +106,14 @@ def _inspection(df: DataFrame) -> Any:
 def physical_plan(df: DataFrame) -> PlanNode:
     """The executed physical plan; under AQE the current plan (the final one once ``df`` ran)."""
     return _tree(json.loads(_inspection(df).describe(df._jdf.queryExecution().executedPlan())))
+
+
+def unconverted_streaming_joins(spark: SparkSession, query: StreamingQuery) -> list[str]:
+    """Why joins of a running (or finished) streaming query of ``spark`` stayed as Spark planned
+    them, one message per join group or join, as logged once per query run at INFO (logger
+    ``umjoin.spark``)."""
+    inspection = spark._jvm.umjoin.spark.PlanInspection
+    return list(json.loads(inspection.unconvertedStreamingJoins(str(query.runId))))
 
 
 def _logical(df: DataFrame, stage: str) -> Any:

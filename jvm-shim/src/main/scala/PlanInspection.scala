@@ -1,5 +1,7 @@
 package umjoin.spark
 
+import java.util.UUID
+
 import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
@@ -10,7 +12,7 @@ import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 
 import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, ProbeRoute, Smoothing, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, ProbeCost}
+import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, ProbeCost, StreamingUMJoinRule}
 import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
@@ -56,6 +58,10 @@ object PlanInspection {
     case stage: QueryStageExec => seeThrough(stage.plan)
     case other => other
   }
+
+  /** Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a JSON array of messages. */
+  def unconvertedStreamingJoins(runId: String): String =
+    compact(render(JArray(StreamingUMJoinRule.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
 
   /**
    * Runs both TSC steps on a logical plan with the session's batch member patterns, without any

@@ -117,6 +117,9 @@ final case class StreamingLayout(
 
 object StreamingLayout {
 
+  /** The version of the state's layout this code writes and reads. */
+  val Format = 1
+
   /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
    * route from [[ProbeCost.optimize]]; a stream's store is then indexed by each class a route probes
@@ -159,7 +162,7 @@ object StreamingLayout {
       JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
     }
     compact(render(JObject(
-      "format" -> JInt(1),
+      "format" -> JInt(Format),
       "inputs" -> JArray(inputJson.toList),
       "routes" -> JArray(routeJson.toList),
       "predictedProbeCost" -> JDouble(layout.predictedCost))))
@@ -174,6 +177,11 @@ object StreamingLayout {
   private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): StreamingLayout = {
     def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
     val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
+    json \ "format" match {
+      case JInt(f) if f == Format =>
+      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version keeps format $Format)")
+      case _ => fail("its layout record has no format")
+    }
     val recorded = json \ "inputs" match {
       case JArray(items) => items
       case _ => fail("its layout record has no inputs")

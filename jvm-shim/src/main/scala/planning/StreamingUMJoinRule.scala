@@ -5,10 +5,13 @@ import java.util.{IdentityHashMap, UUID}
 
 import scala.collection.mutable
 
+import org.apache.hadoop.fs.Path
+
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
+import org.apache.spark.sql.catalyst.plans.Inner
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
@@ -59,13 +62,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else {
       val conf = UMJoinConf.from(session.sessionState.conf)
       val runId = stateful.head.getStateInfo.queryRunId
+      def unconverted(message: String): Unit = if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan, (_, _, _) => None, (root, reason) => {
-            val message = s"the join group under ${root.nodeName} stays as Spark planned it: $reason"
-            if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
-          })
+          tryPlan, (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
+      // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
+      if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
+        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits " +
+          (if (j.joinType != Inner) s"inner stream-stream joins only, not ${j.joinType.sql} joins" else "no such join"))
+      }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
       checkCheckpoint(plan, accepted.map(_._2.identity))
@@ -85,8 +91,18 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
         val info = join.getStateInfo
         val layout = StreamingUMJoinExec.layoutFile(info)
-        val hasUMJoinState = layout.getFileSystem(hadoopConf).exists(layout)
+        val fs = layout.getFileSystem(hadoopConf)
+        val hasLayout = fs.exists(layout)
+        // Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named umjoin-input-<i>.
+        val partition0 = new Path(layout.getParent, "0")
+        val hasUMJoinStores = fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
+        val hasUMJoinState = hasLayout || hasUMJoinStores
         val isUMJoin = identities.exists(_ eq join)
+        if (isUMJoin && hasUMJoinStores && !hasLayout) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
+            s"${info.operatorId} written by an earlier version of UMJoin, whose state layout this version cannot read. Use a new " +
+            s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
+        }
         if (isUMJoin && !hasUMJoinState) {
           throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
             s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
@@ -99,6 +115,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         }
       case _ =>
     }
+  }
+
+  /** A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k#1 = y_k#5`. */
+  private def describe(node: SparkPlan): String = node match {
+    case j: StreamingSymmetricHashJoinExec =>
+      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys).map { case (l, r) => s"$l = $r" }.mkString(" AND ")}"
+    case other => other.nodeName
   }
 
   /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
@@ -151,13 +174,18 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val fs = file.getFileSystem(session.sessionState.newHadoopConf())
     if (!fs.exists(file)) None
     else {
-      val in = fs.open(file)
-      val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+      def refuse(reason: String): Nothing = throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds " +
+        s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
+        s"checkpoint was written for, or use a new checkpoint location.")
+      val text = try {
+        val in = fs.open(file)
+        try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+      } catch {
+        case e: java.io.IOException => refuse(s"its layout record $file cannot be read (${e.getMessage})")
+      }
       StreamingLayout.fromJson(text, graph, outputs) match {
         case Right(layout) => Some(layout)
-        case Left(reason) => throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state " +
-          s"for operator ${info.operatorId} laid out for another join: $reason. Restart the query the checkpoint was written for, " +
-          s"or use a new checkpoint location.")
+        case Left(reason) => refuse(reason)
       }
     }
   }
@@ -252,4 +280,7 @@ object StreamingUMJoinRule {
     if (logged.size > 10000) logged.clear()
     logged.add((runId, message))
   }
+
+  /** What stayed as Spark planned it in a query run, and why (the messages logged at INFO), in the order first seen. */
+  def unconverted(runId: UUID): Seq[String] = logged.synchronized(logged.toSeq.collect { case (`runId`, message) => message })
 }
