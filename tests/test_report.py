@@ -54,14 +54,18 @@ def test_match_groups_pairs_each_expected_group_with_the_tightest_covering_umjoi
     assert report.match_groups([["a", "b", "c"], ["a", "b", "c"]], [["a", "b", "c"]]) == [(0, 0)]
 
 
-def test_html_opens_in_headless_chromium_with_one_row_per_query(written: tuple[Path, dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
-    out, _ = written
+def rendered_dom(page: Path, profile: Path) -> str:
+    """The page's DOM after headless Chromium loaded it (scripts and styles applied)."""
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is needed for this test: `make test` installs it (apt-get install chromium)"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path}"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", (out / "index.html").as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+             "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}"]
+    return subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def test_html_opens_in_headless_chromium_with_one_row_per_query(written: tuple[Path, dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    out, _ = written
+    dom = rendered_dom(out / "index.html", tmp_path)
     assert dom.count('class="query-row"') == len(QUERIES)
     assert dom.count("<svg") == 2 * len(QUERIES)
     assert 'class="node umjoin"' in dom

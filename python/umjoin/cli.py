@@ -56,9 +56,13 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("tpch-report", help="TPC-H conversion report: groups expected and found, answers, times")
     report.add_argument("--sf", type=_positive, default=0.1, help="TPC-H scale factor (default 0.1)")
-    report.add_argument("--out", type=Path, default=Path("reports/tpch"), help="output directory (default reports/tpch)")
-    report.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
+    report.add_argument("--out", type=Path, help="output directory (default reports/tpch, with --streaming reports/tpch-streaming)")
+    report.add_argument("--queries", type=_query_numbers, help="e.g. 3,5,9 (default all; with --streaming the paper's 11)")
     report.add_argument("--repetitions", type=int, default=3, help="timed runs per query and setting (default 3)")
+    report.add_argument("--streaming", action="store_true",
+                        help="the join blocks of the paper's queries as streams, UMJoin vs Spark's stream-stream joins "
+                             "(writes streaming.html, streaming.md, streaming.json)")
+    report.add_argument("--micro-batches", type=_whole, help="with --streaming: micro-batches each table is read in (default 5)")
 
     diff = commands.add_parser("plan-diff", help="a query's plans with UMJoin off and on, converted groups highlighted")
     diff.add_argument("query", nargs="?", help="SQL text or a .sql file")
@@ -88,9 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--repetitions", type=int, default=2, help="measured runs per setting (default 2)")
     memory.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
 
-    streaming = commands.add_parser("bench-streaming", help="the 4-way TPC-DS join as streams: UMJoin vs Spark's stream-stream joins")
-    streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
-    streaming.add_argument("--batches", type=int, default=20, help="micro-batches the streams are cut into (default 20)")
+    streaming = commands.add_parser("bench-streaming", help="joins as streams, UMJoin vs Spark's stream-stream joins: "
+                                    "the 4-way TPC-DS join and TPC-H join blocks")
+    streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS and TPC-H scale factor (default 1)")
+    streaming.add_argument("--batches", type=_whole, default=20, help="micro-batches the streams are cut into (default 20)")
+    streaming.add_argument("--workload", choices=("all", "tpcds", "tpch"), default="all",
+                           help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
     streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
 
     order = commands.add_parser("bench-probe-order", help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
@@ -124,14 +131,35 @@ def _run(args: argparse.Namespace) -> int:
         else:
             args.out.write_text(output + "\n")
         return 0
+    if args.command == "tpch-report" and args.streaming:
+        from umjoin.stream_report import run_streaming_report
+        from umjoin.streams import PAPER_QUERIES
+
+        queries = args.queries or list(PAPER_QUERIES)
+        unknown = [q for q in queries if q not in PAPER_QUERIES]
+        if unknown:
+            raise UserError(f"--streaming covers the join blocks of the paper's queries {', '.join(map(str, PAPER_QUERIES))}, not {unknown}")
+        spark = local_builder("umjoin-tpch-report").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        out = args.out or Path("reports/tpch-streaming")
+        streaming = run_streaming_report(spark, args.sf, out, queries, args.micro_batches or 5)
+        s = streaming["summary"]
+        print(f"Report written to {out}/streaming.html, streaming.md, streaming.json: {s['converted_wholly']}/{s['queries']} join blocks "
+              f"run as one StreamingUMJoin, {s['refused_by_spark']} refused by Spark; answers equal to batch: {s['answers_equal_batch']} "
+              f"(UMJoin), {s['spark_answers_equal_batch']} (Spark); state rows at the end: Spark {s['state_rows_spark']}, UMJoin {s['state_rows_umjoin']}.")
+        ran = [q for q in streaming["queries"] if not q["umjoin"]["refused"]]
+        return 0 if all(q["umjoin"]["answer_equals_batch"] for q in ran) else 1
     if args.command == "tpch-report":
         from umjoin.report import run_report
 
+        if args.micro_batches is not None:
+            raise UserError("--micro-batches applies to the streaming report only: add --streaming")
         spark = local_builder("umjoin-tpch-report").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
-        report = run_report(spark, args.sf, args.out, args.queries, args.repetitions)
+        out = args.out or Path("reports/tpch")
+        report = run_report(spark, args.sf, out, args.queries or list(tpch.QUERY_NUMBERS), args.repetitions)
         s = report["summary"]
-        print(f"Report written to {args.out}/index.html, report.md, report.json: {s['queries_converted']}/{s['queries']} queries "
+        print(f"Report written to {out}/index.html, report.md, report.json: {s['queries_converted']}/{s['queries']} queries "
               f"converted, {s['matched_groups']}/{s['expected_groups']} expected groups matched, answers on = off "
               f"{s['answers_on_equal_off']}/{s['queries']}, official {s['answers_match_official']}/{s['queries']}.")
         return 0 if s["answers_on_equal_off"] == s["queries"] and "differs" not in {q["answers"]["official"] for q in report["queries"]} else 1
@@ -142,9 +170,9 @@ def _run(args: argparse.Namespace) -> int:
         spark.sparkContext.setLogLevel("ERROR")
         return 0 if run_demo(spark, args.query, args.sf) else 1
     if args.command == "bench-streaming":
-        from umjoin.bench_streaming import run_streaming_bench
+        from umjoin.bench_streaming import WORKLOADS, run_streaming_bench
 
-        run_streaming_bench(args.sf, args.batches, args.out)
+        run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,))
         return 0
     if args.command == "bench-probe-order":
         from umjoin.bench_probe_order import run_probe_order_bench
