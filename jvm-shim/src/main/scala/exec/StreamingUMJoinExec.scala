@@ -45,6 +45,8 @@ import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StoreInde
  * @param evictable   per input, its stored rows no future row can join any more
  * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
  *                    stored longer ago are not probed any more, and removed
+ * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
+ *                    partition holds at most this many (spark.umjoin.stateCacheRows)
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -58,6 +60,7 @@ case class StreamingUMJoinExec(
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     stateTtlMs: Option[Long],
+    stateCacheRows: Long,
     stateInfo: Option[StatefulOperatorStateInfo],
     eventTimeWatermarkForEviction: Option[Long],
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
@@ -89,7 +92,8 @@ case class StreamingUMJoinExec(
   /** Per input: its state (rows, index entries, bytes) and its probes; they show in the query's progress too. */
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = Seq(
     StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch"),
-    StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores")) ++
+    StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores"),
+    StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there")) ++
     children.indices.flatMap { i =>
       val name = s"input #$i ${inputLabels(i)}"
       Seq(
@@ -165,12 +169,14 @@ case class StreamingUMJoinExec(
       evictable = evictable.toIndexedSeq,
       stateTtlMs = stateTtlMs,
       nowMs = System.currentTimeMillis(),
+      stateCacheRows = stateCacheRows,
       partitions = partitions,
       info = info)
     val metrics = StageMetrics(
       numOutputRows = longMetric("numOutputRows"),
       inputs = children.indices.map(inputMetrics),
       shipped = longMetric("partialCombinationsShipped"),
+      cachedStateRows = longMetric("stateRowsReadIntoMemory"),
       droppedLate = longMetric("numRowsDroppedByWatermark"),
       updated = longMetric("numUpdatedStateRows"),
       removed = longMetric("numRemovedStateRows"),
@@ -220,7 +226,7 @@ case class StreamingUMJoinExec(
     val conditions = graph.residuals.map(_.condition)
     val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
     s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
-      f"predictedProbeCost=${layout.predictedCost}%.4g, probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+      f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
   }
 
   override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =

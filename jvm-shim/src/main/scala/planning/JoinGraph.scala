@@ -72,12 +72,13 @@ object JoinGraph {
     def inputsOf(e: Expression): Set[Int] =
       inputSets.indices.filter(i => e.references.exists(inputSets(i).contains)).toSet
 
+    // Named by their SQL, without expression ids: a streaming query's ids change every micro-batch, its reasons are told once.
     val unsafe = conjuncts.collectFirst {
-      case c if !c.deterministic => s"condition $c is not deterministic"
-      case c if SubqueryExpression.hasSubquery(c) => s"condition $c contains a subquery"
-      case c if !c.references.subsetOf(allInputs) => s"condition $c refers to attributes outside the group's inputs"
+      case c if !c.deterministic => s"condition ${c.sql} is not deterministic"
+      case c if SubqueryExpression.hasSubquery(c) => s"condition ${c.sql} contains a subquery"
+      case c if !c.references.subsetOf(allInputs) => s"condition ${c.sql} refers to attributes outside the group's inputs"
     }.orElse(output.collectFirst {
-      case a if !allInputs.contains(a) => s"output $a is computed inside the join tree, not taken from an input"
+      case a if !allInputs.contains(a) => s"output ${a.sql} is computed inside the join tree, not taken from an input"
     })
     unsafe match {
       case Some(reason) => Left(reason)

@@ -49,14 +49,15 @@ final case class Segment(from: Int, until: Int, next: Option[Reach])
  * indexed by (so that a row sent to all partitions finds its matches by a key it carries), and the
  * route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
  * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
- * laid out by it.
+ * laid out by it. `statistics` says what the model's figures were (shown in `explain()`).
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
     partitionClass: IndexedSeq[Option[Int]],
     indexClasses: IndexedSeq[Seq[Int]],
     routes: Map[Int, ProbeRoute],
-    predictedCost: Double) {
+    predictedCost: Double,
+    statistics: String) {
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
@@ -125,7 +126,7 @@ object StreamingLayout {
    * route from [[ProbeCost.optimize]]; a stream's store is then indexed by each class a route probes
    * it through when sending to all its partitions.
    */
-  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, partitions: Int): StreamingLayout = {
+  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int): StreamingLayout = {
     val n = kinds.size
     val candidates = (0 until n).map { i =>
       if (kinds(i) == InputKind.StaticBroadcast) Nil
@@ -135,7 +136,7 @@ object StreamingLayout {
     val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
     val choice = ProbeCost.optimize(costGraph, sizes, partitions)
     val everyClass = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
-    val provisional = StreamingLayout(kinds, choice.partitioning, everyClass, choice.routes, choice.cost)
+    val provisional = StreamingLayout(kinds, choice.partitioning, everyClass, choice.routes, choice.cost, statistics)
     val indexes = (0 until n).map { i =>
       if (kinds(i) != InputKind.Stream) Nil
       else choice.routes.values.toSeq.flatMap { route =>
@@ -165,7 +166,8 @@ object StreamingLayout {
       "format" -> JInt(Format),
       "inputs" -> JArray(inputJson.toList),
       "routes" -> JArray(routeJson.toList),
-      "predictedProbeCost" -> JDouble(layout.predictedCost))))
+      "predictedProbeCost" -> JDouble(layout.predictedCost),
+      "statistics" -> JString(layout.statistics))))
   }
 
   /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
@@ -229,7 +231,11 @@ object StreamingLayout {
       case JInt(c) => c.toDouble
       case _ => 0.0
     }
-    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost)
+    val statistics = json \ "statistics" match {
+      case JString(text) => text
+      case _ => "not recorded"
+    }
+    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics)
     val routesFit = layout.streams.forall(s => routes.get(s).exists(_.order.sorted == inputs.indices)) &&
       routes.values.forall(r => scala.util.Try(layout.steps(graph, r)).isSuccess)
     if (!routesFit) fail("its recorded probe routes do not fit this join")

@@ -63,9 +63,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val conf = UMJoinConf.from(session.sessionState.conf)
       val runId = stateful.head.getStateInfo.queryRunId
       def unconverted(message: String): Unit = if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
+      // Groups are tried several times while being split; an input's first micro-batch is measured once.
+      val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
+      def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
+        measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan, (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
       // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -117,15 +121,18 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
   }
 
-  /** A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k#1 = y_k#5`. */
+  /**
+   * A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k = y_k`
+   * (without expression ids, which change from one micro-batch to the next: a reason is told once).
+   */
   private def describe(node: SparkPlan): String = node match {
     case j: StreamingSymmetricHashJoinExec =>
-      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys).map { case (l, r) => s"$l = $r" }.mkString(" AND ")}"
+      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys).map { case (l, r) => s"${l.sql} = ${r.sql}" }.mkString(" AND ")}"
     case other => other.nodeName
   }
 
   /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan]): Either[String, StreamingGroupPlan] = {
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val inputs = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf).toIndexedSeq
@@ -146,8 +153,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       else {
         val identity = stateful.head
         val info = identity.getStateInfo
-        val layout = recordedLayout(identity, graph, outputs).getOrElse(
-          StreamingLayout.choose(graph, kinds, sizes(inputs, kinds, graph), info.numPartitions))
+        val layout = recordedLayout(identity, graph, outputs).getOrElse {
+          val measured = inputs.indices.map(i => measure(inputs(i), FirstBatchStatistics.keys(graph, i)))
+          val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
+            case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
+              s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
+            case None => estimatedSizes(inputs, kinds, graph)
+          }
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions)
+          logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
+          chosen
+        }
         val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
         Right(StreamingGroupPlan(
           graph = graph,
@@ -191,15 +207,18 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * The probe-cost model's statistics: each input's rows in this (the first) micro-batch, as Spark
-   * estimates them from the plan; without an estimate for every stream, none (all choices then
-   * differ only in how often they send a row to every partition).
+   * The probe-cost model's statistics where the first micro-batch could not be measured (an input
+   * keeps state of its own, or no input had rows): each input's rows as Spark estimates them from
+   * the plan; without an estimate for every stream, none (all choices then differ only in how often
+   * they send a row to every partition).
    */
-  private def sizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind], graph: JoinGraph): JoinSizes = {
+  private def estimatedSizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind], graph: JoinGraph): (JoinSizes, String) = {
     val rows = inputs.map(estimatedRows).toIndexedSeq
     val known = kinds.indices.forall(i => kinds(i) != InputKind.Stream || rows(i).exists(_ > 0))
-    if (known) JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)), graph.classes.map(_.inputs).toIndexedSeq)
-    else JoinSizes.uniform(inputs.size, graph.classes.size)
+    if (known) {
+      val sizes = JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)), graph.classes.map(_.inputs).toIndexedSeq)
+      (sizes, s"Spark's plan estimates: rows [${sizes.rates.map(_.toLong).mkString(", ")}]")
+    } else (JoinSizes.uniform(inputs.size, graph.classes.size), "none (every join counted one-to-one)")
   }
 
   private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
@@ -252,6 +271,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       lateRows = plan.lateRows,
       evictable = plan.evictable,
       stateTtlMs = conf.stateTtlMs,
+      stateCacheRows = conf.stateCacheRows,
       stateInfo = plan.identity.stateInfo,
       eventTimeWatermarkForEviction = plan.evictionWatermark,
       children = children)
