@@ -44,6 +44,8 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
         ("spark.umjoin.dpPick.alpha", "1.5", "expected a number from 0.0 to 1.0"),
         ("spark.umjoin.dpPick.damping", "x", "expected a number from 0.0 to 1.0"),
         ("spark.umjoin.dpPick.queryCost", "-1", "expected a number >= 0.0"),
+        ("spark.umjoin.stateCacheRows", "-1", "expected an integer >= 0"),
+        ("spark.umjoin.stateCacheRows", "many", "expected an integer >= 0"),
     ],
 )
 def test_invalid_setting_fails_the_query_naming_it(spark: SparkSession, tpch_data: Path, key: str, value: str, expected: str) -> None:

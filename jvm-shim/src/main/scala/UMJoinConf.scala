@@ -13,7 +13,13 @@ import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
  * planning, so `spark.conf.set` takes effect at the next query; an invalid value fails that query
  * with a message naming the key, the value and what is accepted.
  */
-final case class UMJoinConf(enabled: Boolean, minInputs: Int, stores: StoreSettings, stateTtlMs: Option[Long], probeOrder: ProbeOrderSettings)
+final case class UMJoinConf(
+    enabled: Boolean,
+    minInputs: Int,
+    stores: StoreSettings,
+    stateTtlMs: Option[Long],
+    stateCacheRows: Long,
+    probeOrder: ProbeOrderSettings)
 
 object UMJoinConf {
   val Enabled = "spark.umjoin.enabled"
@@ -25,6 +31,7 @@ object UMJoinConf {
   val LocalDir = "spark.umjoin.rocksdb.localDir"
   val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
   val StateTtl = "spark.umjoin.stateTtl"
+  val StateCacheRows = "spark.umjoin.stateCacheRows"
   val ProbeOrderKey = "spark.umjoin.probeOrder"
   val CycleRows = "spark.umjoin.dpPick.cycleRows"
   val Period = "spark.umjoin.dpPick.period"
@@ -54,6 +61,7 @@ object UMJoinConf {
       minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2),
       stores = stores,
       stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)),
+      stateCacheRows = parseInt(StateCacheRows, conf.getConfString(StateCacheRows, "100000"), min = 0).toLong,
       probeOrder = probeOrderSettings(conf))
   }
 

@@ -61,6 +61,9 @@ final class InputState private (
       }
     }
 
+  /** Every stored row still visible. */
+  def visibleRows(): Iterator[InternalRow] = primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
+
   /** A probe of this input's state through `keyClass`, as the probe loop sees it. */
   def storeFor(keyClass: Int): JoinStore = new JoinStore {
     override def get(key: UnsafeRow): Iterator[InternalRow] = lookup(keyClass, key)
@@ -174,4 +177,26 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
   def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
 
   private def dataTypeOf(c: Int): DataType = spec.indexKeys.collectFirst { case (`c`, key) => key.dataType }.get
+}
+
+/**
+ * The rows each stream input's store held in a partition when a task of this executor committed
+ * it, by version: the next micro-batch's tasks, which the state store's locality mostly brings back
+ * here, learn without a scan whether a store is small enough to read into memory (a store cannot be
+ * asked before it is committed). A task elsewhere finds nothing and probes the store.
+ */
+object CommittedRowCounts {
+  private final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
+  private val counts = new java.util.concurrent.ConcurrentHashMap[Key, (Long, Long)]()
+
+  def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long, rows: Long): Unit = {
+    if (counts.size > 100000) counts.clear() // queries come and go; a forgotten count only costs a probe of the store
+    counts.put(Key(info.checkpointLocation, info.operatorId, partition, input), (version, rows))
+  }
+
+  /** The rows of the version this micro-batch reads, if this executor committed it. */
+  def of(info: StatefulOperatorStateInfo, partition: Int, input: Int): Option[Long] =
+    Option(counts.get(Key(info.checkpointLocation, info.operatorId, partition, input))).collect {
+      case (version, rows) if version == info.storeVersion => rows
+    }
 }

@@ -31,6 +31,7 @@ final case class StageMetrics(
     numOutputRows: SQLMetric,
     inputs: IndexedSeq[InputMetrics],
     shipped: SQLMetric,
+    cachedStateRows: SQLMetric,
     droppedLate: SQLMetric,
     updated: SQLMetric,
     removed: SQLMetric,
@@ -42,6 +43,7 @@ final case class StageMetrics(
  *
  * @param joinKeys   per input, every expression it joins on: a row with a NULL in one never joins
  * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
+ * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
  */
 final case class MicroBatchJob(
     graph: JoinGraph,
@@ -55,6 +57,7 @@ final case class MicroBatchJob(
     evictable: IndexedSeq[Option[Expression]],
     stateTtlMs: Option[Long],
     nowMs: Long,
+    stateCacheRows: Long,
     partitions: Int,
     info: StatefulOperatorStateInfo) {
 
@@ -124,6 +127,13 @@ private[exec] final class StageTask(
     }
   }
 
+  /** `rows` of input j indexed in memory by each of `classes`, as the probe loop looks them up. */
+  private def indexInMemory(j: Int, rows: Iterator[InternalRow], classes: Seq[Int]): Map[Int, JoinStore] = {
+    val keys = classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j)))
+    val stores = InMemoryStore.build(rows, keys.map(k => UMJoinExec.hashable(Seq(k))), job.outputs(j), context)
+    classes.zip(stores).zip(keys).map { case ((cl, store), key) => cl -> StageTask.keyedAsBuilt(store, key.dataType) }.toMap
+  }
+
   // In-memory indexes, built when first probed: this batch's new rows of streams, and static tables.
   private val probed = job.probesIn(stage)
   private val memoryIndexes = mutable.Map[Int, Map[Int, JoinStore]]()
@@ -134,15 +144,25 @@ private[exec] final class StageTask(
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
       case InputKind.StaticPartitioned => read(j)
     }
-    val keys = classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j)))
-    val stores = InMemoryStore.build(rows, keys.map(k => UMJoinExec.hashable(Seq(k))), job.outputs(j), context)
-    classes.zip(stores).zip(keys).map { case ((cl, store), key) => cl -> StageTask.keyedAsBuilt(store, key.dataType) }.toMap
+    indexInMemory(j, rows, classes)
   })(c)
+
+  // A stream's stored rows, read into memory once where this partition holds few of them
+  // (spark.umjoin.stateCacheRows): most probes of a multi-way join find nothing, and a hash lookup
+  // costs far less than a seek in the state store's LSM-tree. The committed version is read, before
+  // the last stage writes this batch's rows.
+  private val cachedState = mutable.Map[Int, Option[Map[Int, JoinStore]]]()
+  private def stored(j: Int, c: Int): JoinStore = cachedState.getOrElseUpdate(j, {
+    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows).map { n =>
+      metrics.cachedStateRows += n
+      indexInMemory(j, stateOf(j).visibleRows(), probed.collect { case (_, `j`, cl) => cl }.distinct)
+    }
+  }).map(_(c)).getOrElse(stateOf(j).storeFor(c))
 
   /** The store a route from `start` probes input `input` through class `c` with (the delta rule: later starts see this batch's rows). */
   private def storeFor(start: Int, input: Int, c: Int): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if input < start => new StageTask.Both(stateOf(input).storeFor(c), inMemory(input, c))
-    case InputKind.Stream => stateOf(input).storeFor(c)
+    case InputKind.Stream if input < start => new StageTask.Both(stored(input, c), inMemory(input, c))
+    case InputKind.Stream => stored(input, c)
     case _ => inMemory(input, c)
   }
 
@@ -237,6 +257,7 @@ private[exec] final class StageTask(
         metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
       }
       writer.commit()
+      CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
       metrics.stateRows(j) += writer.rowCount
       metrics.indexEntries(j) += writer.indexEntryCount
       metrics.inputs(j).storeSize += writer.memoryBytes
