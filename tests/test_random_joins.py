@@ -28,6 +28,8 @@ CONFIGS = {
     "aqe-on": {"spark.sql.adaptive.enabled": "true"},
     "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "memory"},
     "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST},
+    # The interpreted probe loop (fixed routes otherwise run as generated code).
+    "interpreted-no-broadcast": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.sql.codegen.wholeStage": "false"},
     "rocksdb": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "rocksdb"},
     # auto, with stores forced out of memory after 4 KB.
     "auto-spilling": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST, "spark.umjoin.stateBackend": "auto",

@@ -10,7 +10,7 @@ import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{Dataset, Row}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection, XxHash64}
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.{InputAdapter, SparkPlan}
 import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeLike, ShuffleExchangeLike}
 import org.apache.spark.sql.execution.metric.SQLMetric
@@ -139,6 +139,7 @@ object ArrivalReplay {
   }
 
   private def belowExchange(plan: SparkPlan): SparkPlan = plan match {
+    case a: InputAdapter => belowExchange(a.child) // the UMJoin is in a generated-code stage
     case e: ShuffleExchangeLike => e.child
     case e: BroadcastExchangeLike => e.child
     case other => other

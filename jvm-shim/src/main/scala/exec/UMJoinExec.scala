@@ -2,12 +2,14 @@ package umjoin.spark.exec
 
 import org.json4s.JsonAST._
 
+import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, BindReferences, Cast, Expression}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BindReferences, BoundReference, Cast, Expression}
+import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode, GenerateUnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, BroadcastMode, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
-import org.apache.spark.sql.execution.{SQLExecution, SparkPlan}
+import org.apache.spark.sql.execution.{CodegenSupport, SQLExecution, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.types.{ByteType, IntegerType, LongType, ShortType}
@@ -45,7 +47,7 @@ case class UMJoinExec(
     probeOrder: ProbeOrderSettings,
     broadcast: Seq[Boolean],
     partitionKeys: Seq[Option[Expression]],
-    children: Seq[SparkPlan]) extends SparkPlan with Logging {
+    children: Seq[SparkPlan]) extends SparkPlan with CodegenSupport with Logging {
 
   override def nodeName: String = "UMJoin"
 
@@ -102,7 +104,13 @@ case class UMJoinExec(
     metrics(s"in${i}MemtableBytes"), metrics(s"in${i}DiskBytes"), metrics(s"in${i}CacheHits"),
     metrics(s"in${i}CacheMisses"), metrics(s"in${i}Spills"))
 
-  override protected def doExecute(): RDD[InternalRow] = {
+  /**
+   * How a task gets its stores, one per (input, index): a broadcast hash table as the executor
+   * shares it, any other input built from the rows `rowsOf(input)` gives (the task's partition, or
+   * the broadcast rows). Made once on the driver, where the broadcasts run; what it captures is what
+   * the tasks need for their stores and nothing of the plan.
+   */
+  @transient private lazy val taskStores: (TaskContext, Int => Iterator[InternalRow]) => Map[(Int, StoreIndex), JoinStore] = {
     val stores = UMJoinConf.from(conf).stores
     val (hashed, asRows) = children.indices.filter(broadcast)
       .partition(i => UMJoinExec.broadcastMode(joinGraph, indexes(i), i, children(i).output) != IdentityBroadcastMode)
@@ -112,30 +120,37 @@ case class UMJoinExec(
     tables.foreach { case (i, table) => inputMetrics(i).storeSize.set(table.sizeInBytes) }
     SQLMetrics.postDriverMetricUpdates(sparkContext, sparkContext.getLocalProperty(SQLExecution.EXECUTION_ID_KEY),
       tables.keys.map(i => inputMetrics(i).storeSize).toSeq)
-    val local = children.indices.filterNot(broadcast)
-    // Everything the tasks need, copied out of the plan so the closure does not capture it.
-    val (graph, indexed, start, settings, resultAttrs) = (joinGraph, indexes, route, probeOrder, output)
-    val outputs = children.map(_.output)
+    val stored = children.indices.filter(_ != streamed)
+    val keys = stored.map(i => i -> indexes(i).map(UMJoinExec.storeKeys(joinGraph, _, i, children(i).output))).toMap
+    val (indexed, outputs) = (indexes, children.map(_.output))
     val allMetrics = children.indices.map(inputMetrics)
     val allStoreMetrics = children.indices.map(storeMetrics)
+    (context, rowsOf) => stored.flatMap { i =>
+      tables.get(i) match {
+        case Some(table) => Seq((i, indexed(i).head) -> table.store())
+        case None =>
+          // Rows in of a broadcast input: counted once, by its broadcast exchange.
+          val rows = broadcastRows.get(i).map(_.value.iterator).getOrElse(UMJoinExec.countRows(rowsOf(i), allMetrics(i).rowsIn))
+          val built = JoinStores.build(stores, rows, keys(i), outputs(i), i, context, allStoreMetrics(i))
+          built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
+          indexed(i).zip(built).map { case (index, store) => (i, index) -> store }
+      }
+    }.toMap
+  }
+
+  /** The interpreted probe loop (see [[ProbeCore]]): adaptive routes, and wherever code is not generated. */
+  override protected def doExecute(): RDD[InternalRow] = {
+    val local = children.indices.filterNot(broadcast)
+    // Everything the tasks need, copied out of the plan so the closure does not capture it.
+    val (graph, indexed, start, settings, resultAttrs, storesOf) = (joinGraph, indexes, route, probeOrder, output, taskStores)
+    val outputs = children.map(_.output)
+    val allMetrics = children.indices.map(inputMetrics)
     val (numOutputRows, routeChanges) = (metrics("numOutputRows"), metrics("routeChanges"))
-    val structure = if (stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
+    val structure = if (UMJoinConf.from(conf).stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
 
     new ZippedInputsRDD[InternalRow, InternalRow](local.map(children(_).execute()), { (context, iterators) =>
       val rowsOf = local.indices.map(j => local(j) -> iterators(j)).toMap
-      // Per (input, key class): the store probed through that class.
-      val indexOf: Map[(Int, StoreIndex), JoinStore] = indexed.indices.filter(_ != start.start).flatMap { i =>
-        tables.get(i) match {
-          case Some(table) => Seq((i, indexed(i).head) -> table.store())
-          case None =>
-            val keys = indexed(i).map(UMJoinExec.storeKeys(graph, _, i, outputs(i)))
-            // Rows in of a broadcast input: counted once, by its broadcast exchange.
-            val rows = broadcastRows.get(i).map(_.value.iterator).getOrElse(countRows(rowsOf(i), allMetrics(i).rowsIn))
-            val built = JoinStores.build(stores, rows, keys, outputs(i), i, context, allStoreMetrics(i))
-            built.foreach(store => allMetrics(i).storeSize += store.sizeInBytes)
-            indexed(i).zip(built).map { case (index, store) => (i, index) -> store }
-        }
-      }.toMap
+      val indexOf = storesOf(context, rowsOf)
 
       def compile(route: ProbeRoute): CompiledRoute = CompiledRoute(ProbeSteps.along(graph, route, indexed),
         outputs, resultAttrs, (input, index) => indexOf((input, index)), UMJoinExec.hashable, allMetrics, context.partitionId())
@@ -148,8 +163,132 @@ case class UMJoinExec(
     })
   }
 
-  private def countRows(rows: Iterator[InternalRow], counter: SQLMetric): Iterator[InternalRow] =
-    rows.map { r => counter += 1; r }
+  // Generated code: the streamed input's rows flow from its own generated code through one loop
+  // nest, a loop per step of the fixed route; an adaptive route changes at runtime, so it runs
+  // interpreted. Spark's fallback (codegen off, or code that fails to compile) runs `doExecute`.
+  override def supportCodegen: Boolean = !probeOrder.adaptive
+
+  // A streamed row may give several output rows before the parent's buffer is read.
+  override def needCopyResult: Boolean = true
+
+  /**
+   * The streamed side's input RDDs, the first one zipped with the stored inputs' partitions: a
+   * task builds its stores from them before the generated code starts, and finds them in
+   * `inputs[0]`, a [[StoredInputs]] (whose rows are that RDD's, untouched: possibly columnar
+   * batches, hence the casts).
+   */
+  override def inputRDDs(): Seq[RDD[InternalRow]] = {
+    val streamedRDDs = children(streamed).asInstanceOf[CodegenSupport].inputRDDs()
+    val partitioned = children.indices.filter(i => i != streamed && !broadcast(i))
+    val (storesOf, probed, planId) = (taskStores, initialPlan.steps.map(s => (s.input, s.index)), id)
+    val zipped = new ZippedInputsRDD[Any, Any]((streamedRDDs.head +: partitioned.map(children(_).execute())).map(_.asInstanceOf[RDD[Any]]), {
+      (context, iterators) =>
+        val indexOf = storesOf(context, i => iterators(1 + partitioned.indexOf(i)).asInstanceOf[Iterator[InternalRow]])
+        new StoredInputs(planId, probed.map(indexOf).toArray, iterators(0))
+    })
+    zipped.asInstanceOf[RDD[InternalRow]] +: streamedRDDs.tail
+  }
+
+  override def doProduce(ctx: CodegenContext): String = {
+    val anyEmpty = ctx.addMutableState("boolean", "anyStoreEmpty", v => s"$v = $storedInputs.anyEmpty();", forceInline = true)
+    // A store without rows: no combination can complete, so the streamed rows are not even read.
+    s"""
+       |if (!$anyEmpty) {
+       |  ${children(streamed).asInstanceOf[CodegenSupport].produce(ctx, this)}
+       |}
+     """.stripMargin
+  }
+
+  /** This UMJoin's stores in the generated code. */
+  private def storedInputs: String = s"((${classOf[StoredInputs].getName}) inputs[0]).of($id)"
+
+  override def doConsume(ctx: CodegenContext, input: Seq[ExprCode], row: ExprCode): String = {
+    val plan = initialPlan
+    val storeTerms = plan.steps.indices.map { k =>
+      ctx.addMutableState(classOf[JoinStore].getName, s"store${plan.steps(k).input}", v => s"$v = $storedInputs.step($k);", forceInline = true)
+    }
+
+    /** Code checking `conditions` on the rows bound (attributes `attrs`, variables `vars`); runs `body` if they hold. */
+    def where(conditions: Seq[Expression], attrs: Seq[Attribute], vars: Seq[ExprCode], body: => String): String =
+      conditions.reduceOption(And) match {
+        case None => body
+        case Some(condition) =>
+          val evaluated = evaluateRequiredVariables(attrs, vars, condition.references)
+          ctx.currentVars = vars
+          ctx.INPUT_ROW = null
+          val ev = BindReferences.bindReference(condition, attrs).genCode(ctx)
+          s"""
+             |$evaluated
+             |${ev.code}
+             |if (!${ev.isNull} && ${ev.value}) {
+             |  $body
+             |}
+           """.stripMargin
+      }
+
+    /** Code for steps k.. of the route, the route's first k + 1 inputs being bound (`attrs`, `vars`). */
+    def steps(k: Int, attrs: Seq[Attribute], vars: Seq[ExprCode]): String =
+      if (k == plan.steps.size) {
+        val outputVars = output.map(a => vars(attrs.indexWhere(_.exprId == a.exprId)))
+        s"""
+           |${metricTerm(ctx, "numOutputRows")}.add(1);
+           |${consume(ctx, outputVars)}
+         """.stripMargin
+      } else {
+        val step = plan.steps(k)
+        val m = s"in${step.input}"
+        val probeKeys = UMJoinExec.hashable(step.probeKeys)
+        val keyInputs = evaluateRequiredVariables(attrs, vars, AttributeSet(probeKeys.flatMap(_.references)))
+        ctx.currentVars = vars
+        ctx.INPUT_ROW = null
+        val key = GenerateUnsafeProjection.createCode(ctx, BindReferences.bindReferences(probeKeys, attrs))
+        val (matches, one, found, storedRow) = (ctx.freshName("matches"), ctx.freshName("one"), ctx.freshName("found"), ctx.freshName("storedRow"))
+        ctx.INPUT_ROW = storedRow
+        ctx.currentVars = null
+        val storedAttrs = children(step.input).output
+        val storedVars = storedAttrs.zipWithIndex.map { case (a, i) => BoundReference(i, a.dataType, a.nullable).genCode(ctx) }
+        val (nextAttrs, nextVars) = (attrs ++ storedAttrs, vars ++ storedVars)
+        def matched: String =
+          s"""
+             |${metricTerm(ctx, s"${m}Matches")}.add(1);
+             |$found++;
+             |${steps(k + 1, nextAttrs, nextVars)}
+           """.stripMargin
+        // Rows of the store stay valid until its next lookup, so a match is used before the next is read.
+        s"""
+           |${metricTerm(ctx, s"${m}Probes")}.add(1);
+           |$keyInputs
+           |${key.code}
+           |long $found = 0L;
+           |if (!${key.value}.anyNull()) {
+           |  scala.collection.Iterator $matches = null;
+           |  InternalRow $one = null;
+           |  if (${storeTerms(k)}.keysAreUnique()) $one = ${storeTerms(k)}.getOne(${key.value});
+           |  else $matches = ${storeTerms(k)}.get(${key.value});
+           |  while (true) {
+           |    InternalRow $storedRow;
+           |    if ($matches == null) {
+           |      if ($one == null) break;
+           |      $storedRow = $one;
+           |      $one = null;
+           |    } else {
+           |      if (!$matches.hasNext()) break;
+           |      $storedRow = (InternalRow) $matches.next();
+           |    }
+           |    ${where(step.conditions, nextAttrs, nextVars, matched)}
+           |  }
+           |}
+           |if ($found == 0L) ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);
+         """.stripMargin
+      }
+
+    val streamedAttrs = children(streamed).output
+    s"""
+       |${metricTerm(ctx, s"in${streamed}RowsIn")}.add(1);
+       |${where(plan.startConditions, streamedAttrs, input, steps(0, streamedAttrs, input))}
+     """.stripMargin
+  }
+
 
   override def simpleString(maxFields: Int): String = {
     val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", ")
@@ -208,6 +347,9 @@ case class UMJoinExec(
 }
 
 object UMJoinExec {
+  private def countRows(rows: Iterator[InternalRow], counter: SQLMetric): Iterator[InternalRow] =
+    rows.map { r => counter += 1; r }
+
   /** Input `input`'s store key for `index`, bound to the input's output. */
   def storeKeys(graph: JoinGraph, index: StoreIndex, input: Int, inputOutput: Seq[Attribute]): Seq[Expression] =
     hashable(index.classes.map(c => BindReferences.bindReference(graph.classes(c).keyOf(input).get, inputOutput)))
@@ -263,4 +405,22 @@ final class AdaptiveRouting(
       Some(compiled.getOrElseUpdate(route, compile(route)))
     }
   }
+}
+
+/**
+ * What the generated code of a UMJoin task reads as `inputs[0]`: the streamed side's first input,
+ * as it comes, with the task's stores in route order (`step(k)` is probed at step k). A UMJoin
+ * streaming another one in the same generated code wraps that one's: each finds its own by plan id.
+ */
+final class StoredInputs(planId: Int, stores: Array[JoinStore], rows: Iterator[Any]) extends Iterator[Any] {
+  def of(id: Int): StoredInputs =
+    if (id == planId) this
+    else rows match {
+      case inner: StoredInputs => inner.of(id)
+      case _ => throw new IllegalStateException(s"no stores of UMJoin plan $id in this task")
+    }
+  def step(k: Int): JoinStore = stores(k)
+  def anyEmpty: Boolean = stores.exists(_.isEmpty)
+  override def hasNext: Boolean = rows.hasNext
+  override def next(): Any = rows.next()
 }

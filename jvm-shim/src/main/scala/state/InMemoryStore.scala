@@ -22,6 +22,8 @@ final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Bool
     val rows = relation.get(key)
     if (rows == null) Iterator.empty else rows
   }
+  override val keysAreUnique: Boolean = relation.keyIsUnique
+  override def getOne(key: UnsafeRow): InternalRow = relation.getValue(key)
   override def sizeInBytes: Long = relation.estimatedSize
   override lazy val keyCount: Long = relation.keys().size.toLong
   override def close(): Unit = if (owned) relation.close()
