@@ -43,6 +43,7 @@ demo: build
 	$(VENV)/bin/umjoin demo
 
 bench: build
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/umjoin bench --sf $(BENCH_SF) --repetitions $(BENCH_REPS) --out bench/results
 
 # The paper's memory experiment (TPC-DS SF 1, 4-way join); plots need matplotlib (the bench extra).

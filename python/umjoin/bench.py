@@ -1,7 +1,10 @@
 """`umjoin bench` (make bench): the 22 TPC-H queries with UMJoin off and on, measured in one run.
 
-Off and on alternate within each repetition, after one unmeasured warm-up run of each, so both
-see the same machine state. Results: a Markdown table and JSON under the output directory.
+Two settings of Spark's broadcast threshold: its default (10 MB), and a low one (1 MB: how larger
+data looks, where only small inputs are broadcast and Spark's other joins shuffle and sort their
+intermediate results). Per setting and query, off and on alternate within each repetition, after
+one unmeasured warm-up run of each, so both see the same machine state. Results: Markdown, JSON and
+a plot of the on/off ratios under the output directory.
 """
 
 from __future__ import annotations
@@ -9,14 +12,20 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from umjoin import answers, plans, tpch
+from umjoin.local import temporary_conf
 
-__all__ = ["run_bench"]
+__all__ = ["run_bench", "THRESHOLDS"]
+
+# Broadcast threshold settings measured: name -> spark.sql.autoBroadcastJoinThreshold (None: Spark's default).
+THRESHOLDS: dict[str, str | None] = {"default": None, "1MB": "1m"}
 
 
 def _timed(spark: SparkSession, sql: str, enabled: bool) -> tuple[float, list[tuple]]:  # type: ignore[type-arg]
@@ -26,9 +35,7 @@ def _timed(spark: SparkSession, sql: str, enabled: bool) -> tuple[float, list[tu
     return time.perf_counter() - start, rows
 
 
-def run_bench(spark: SparkSession, sf: float, repetitions: int, out: Path, queries: list[int]) -> Path:
-    directory = tpch.generate(sf)
-    tpch.register(spark, directory)
+def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int]) -> list[dict[str, Any]]:
     official = any(abs(sf - known) < 1e-9 for known in tpch.ANSWER_SCALE_FACTORS)
     results = []
     for number in queries:
@@ -54,14 +61,19 @@ def run_bench(spark: SparkSession, sf: float, repetitions: int, out: Path, queri
             "off_runs_s": times[False], "on_runs_s": times[True], "same_answer": same, "official_answer": check,
         })
         print(f"Q{number:02d}  off {off:7.2f}s  on {on:7.2f}s  on/off {on / off:5.2f}  umjoin {groups}  same {same}  official {check}", flush=True)
+    return results
 
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"tpch_sf{sf:g}"
-    meta = {"sf": sf, "repetitions": repetitions, "spark": spark.version, "machine": f"{platform.machine()}, local[2]"}
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "queries": results}, indent=1) + "\n")
+
+def geometric_mean_converted(results: list[dict[str, Any]]) -> float:
+    """Geometric mean of on/off over the queries UMJoin converts (NaN if none)."""
+    ratios = [r["on_off_ratio"] for r in results if r["umjoin_inputs"]]
+    return statistics.geometric_mean(ratios) if ratios else float("nan")
+
+
+def _table(threshold: str, results: list[dict[str, Any]]) -> list[str]:
     converted = [r for r in results if r["umjoin_inputs"]]
-    lines = [
-        f"# TPC-H SF {sf:g}: UMJoin off vs on (median of {repetitions} runs, Spark {spark.version}, local[2])",
+    return [
+        f"## Broadcast threshold: {threshold}",
         "",
         "| query | UMJoin inputs | off (s) | on (s) | on/off | same answer | official answer |",
         "|---|---|---:|---:|---:|---|---|",
@@ -72,9 +84,55 @@ def run_bench(spark: SparkSession, sf: float, repetitions: int, out: Path, queri
         ),
         "",
         f"Total: off {sum(r['off_s'] for r in results):.1f}s, on {sum(r['on_s'] for r in results):.1f}s. "
-        f"Geometric mean on/off over the {len(converted)} converted queries: "
-        f"{statistics.geometric_mean([r['on_off_ratio'] for r in converted]) if converted else float('nan'):.2f}.",
+        f"Geometric mean on/off over the {len(converted)} converted queries: {geometric_mean_converted(results):.2f}; "
+        f"highest: {max((r['on_off_ratio'] for r in converted), default=float('nan')):.2f}.",
+        "",
     ]
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def _plot(path: Path, measured: dict[str, list[dict[str, Any]]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
+    figure, axes = plt.subplots(1, len(measured), figsize=(8 * len(measured), 5), squeeze=False)
+    for ax, (threshold, results) in zip(axes[0], measured.items()):
+        labels = [f"Q{r['query']:02d}" for r in results]
+        colours = ["tab:blue" if r["umjoin_inputs"] else "tab:gray" for r in results]
+        ax.bar(labels, [r["on_off_ratio"] for r in results], color=colours)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(ylabel="time on / time off", title=f"broadcast threshold {threshold}: "
+               f"geomean over converted (blue) {geometric_mean_converted(results):.2f}")
+        ax.tick_params(axis="x", rotation=90)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def run_bench(spark: SparkSession, sf: float, repetitions: int, out: Path, queries: list[int],
+              thresholds: list[str] | None = None) -> Path:
+    directory = tpch.generate(sf)
+    tpch.register(spark, directory)
+    measured: dict[str, list[dict[str, Any]]] = {}
+    for threshold in thresholds or list(THRESHOLDS):
+        value = THRESHOLDS[threshold]
+        print(f"broadcast threshold {threshold}", flush=True)
+        settings = {} if value is None else {"spark.sql.autoBroadcastJoinThreshold": value}
+        with temporary_conf(spark, settings):
+            measured[threshold] = _measure(spark, sf, repetitions, queries)
+
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"tpch_sf{sf:g}"
+    meta = {"sf": sf, "repetitions": repetitions, "spark": spark.version, "machine": f"{platform.machine()}, local[2]",
+            "thresholds": {t: THRESHOLDS[t] or "Spark's default" for t in measured}}
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "thresholds": measured}, indent=1) + "\n")
+    lines = [f"# TPC-H SF {sf:g}: UMJoin off vs on (median of {repetitions} runs, Spark {spark.version}, local[2])", ""]
+    for threshold, results in measured.items():
+        lines += _table(threshold, results)
+    (out / f"{name}.md").write_text("\n".join(lines))
+    _plot(out / f"{name}.png", measured)
     print("\n".join(lines))
     return out / f"{name}.md"

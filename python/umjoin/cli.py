@@ -24,6 +24,16 @@ def _query_numbers(text: str) -> list[int]:
     return numbers
 
 
+def _thresholds(text: str) -> list[str]:
+    from umjoin.bench import THRESHOLDS
+
+    names = text.split(",")
+    unknown = [n for n in names if n not in THRESHOLDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"broadcast thresholds are {', '.join(THRESHOLDS)}, not {', '.join(unknown)}")
+    return names
+
+
 def _whole(text: str) -> int:
     """A whole number of at least 1."""
     try:
@@ -86,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
     bench.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
+    bench.add_argument("--thresholds", type=_thresholds, default=None,
+                       help="broadcast thresholds measured: default (Spark's), 1MB, or both comma-separated (default both)")
 
     memory = commands.add_parser("bench-memory", help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
     memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
@@ -191,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
 
     spark = local_builder("umjoin-bench", shuffle_partitions=8, driver_memory=args.driver_memory).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    run_bench(spark, args.sf, args.repetitions, args.out, args.queries)
+    run_bench(spark, args.sf, args.repetitions, args.out, args.queries, args.thresholds)
     return 0
 
 
