@@ -28,8 +28,10 @@ import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
  * `spark.umjoin.stateBackend` that live as long as the task. A broadcast input stored under one key
  * class is Spark's hash table on that key, built once and shared by the tasks of an executor; one
  * stored under several (an adaptive order may probe it through any) arrives as rows each task
- * indexes. Each streamed row then probes the stores along the route (see [[ProbeCore]]); with an
- * adaptive `probeOrder` the route is chosen again every cycle from the statistics of the probes so far.
+ * indexes. Each streamed row then probes the stores along the route; with an adaptive `probeOrder`
+ * the route is chosen again every cycle from the statistics of the probes so far. A fixed route runs
+ * as generated code inside Spark's whole-stage code generation (`doConsume`); an adaptive one, or
+ * any route where code is not generated, runs in the interpreted loop ([[ProbeCore]]).
  *
  * @param inputLabels   what each input reads (table names), for plans people read
  * @param broadcast     per input, whether every task gets all of it
@@ -207,6 +209,10 @@ case class UMJoinExec(
     val storeTerms = plan.steps.indices.map { k =>
       ctx.addMutableState(classOf[JoinStore].getName, s"store${plan.steps(k).input}", v => s"$v = $storedInputs.step($k);", forceInline = true)
     }
+    // Known once the task's stores are built: whether a step looks up one row or iterates over several.
+    val uniqueTerms = plan.steps.indices.map { k =>
+      ctx.addMutableState("boolean", s"unique${plan.steps(k).input}", v => s"$v = ${storeTerms(k)}.keysAreUnique();", forceInline = true)
+    }
 
     /** Code checking `conditions` on the rows bound (attributes `attrs`, variables `vars`); runs `body` if they hold. */
     def where(conditions: Seq[Expression], attrs: Seq[Attribute], vars: Seq[ExprCode], body: => String): String =
@@ -263,7 +269,7 @@ case class UMJoinExec(
            |if (!${key.value}.anyNull()) {
            |  scala.collection.Iterator $matches = null;
            |  InternalRow $one = null;
-           |  if (${storeTerms(k)}.keysAreUnique()) $one = ${storeTerms(k)}.getOne(${key.value});
+           |  if (${uniqueTerms(k)}) $one = ${storeTerms(k)}.getOne(${key.value});
            |  else $matches = ${storeTerms(k)}.get(${key.value});
            |  while (true) {
            |    InternalRow $storedRow;
@@ -288,7 +294,6 @@ case class UMJoinExec(
        |${where(plan.startConditions, streamedAttrs, input, steps(0, streamedAttrs, input))}
      """.stripMargin
   }
-
 
   override def simpleString(maxFields: Int): String = {
     val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", ")
