@@ -111,3 +111,17 @@ def test_unique_and_repeated_keys_nulls_and_conditions(spark: SparkSession, tmp_
     assert generated_rows == interpreted_rows == spark_rows
     assert sum(generated_rows.values()) > 100
     assert counted_metrics(generated_plan) == counted_metrics(interpreted_plan)
+
+
+def test_a_generated_union_of_a_umjoin_and_a_table(spark: SparkSession, tpch_data: Path) -> None:
+    """Spark generates one loop for a Union's children; in a partition of the other child the UMJoin's
+    stores are not there, and its code must not look for them (EXCEPT ALL is planned as such a Union)."""
+    block = """SELECT o_orderkey, c_custkey, l_linenumber FROM customer, orders, lineitem
+               WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND c_mktsegment = 'BUILDING'"""
+    sql = f"""{block} UNION ALL SELECT o_orderkey, o_custkey, 0 FROM orders WHERE o_orderkey < 100
+              EXCEPT ALL SELECT o_orderkey, o_custkey, 0 FROM orders WHERE o_orderkey < 50"""
+    generated_rows, generated_plan = run(spark, sql, {"spark.sql.adaptive.enabled": "false"})
+    spark_rows, _ = run(spark, sql, {"spark.umjoin.enabled": "false"})
+    assert generated_umjoins(generated_plan) == [True]
+    assert any(node.name == "UnionExec" for node in generated_plan.walk())
+    assert generated_rows == spark_rows and sum(spark_rows.values()) > 100

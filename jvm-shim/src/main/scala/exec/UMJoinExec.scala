@@ -191,28 +191,39 @@ case class UMJoinExec(
     zipped.asInstanceOf[RDD[InternalRow]] +: streamedRDDs.tail
   }
 
+  // The generated code's fields holding the task's stores (per route step) and whether each has
+  // unique keys: named by doProduce, used by doConsume.
+  @transient private var storeFields: IndexedSeq[String] = IndexedSeq.empty
+  @transient private var uniqueFields: IndexedSeq[String] = IndexedSeq.empty
+
   override def doProduce(ctx: CodegenContext): String = {
-    val anyEmpty = ctx.addMutableState("boolean", "anyStoreEmpty", v => s"$v = $storedInputs.anyEmpty();", forceInline = true)
+    val steps = initialPlan.steps
+    storeFields = steps.map(s => ctx.addMutableState(classOf[JoinStore].getName, s"store${s.input}", forceInline = true)).toIndexedSeq
+    uniqueFields = steps.map(s => ctx.addMutableState("boolean", s"unique${s.input}", forceInline = true)).toIndexedSeq
+    val (ready, anyEmpty) = (ctx.addMutableState("boolean", "storesReady", forceInline = true),
+      ctx.addMutableState("boolean", "anyStoreEmpty", forceInline = true))
+    val stored = ctx.freshName("stored")
+    val name = classOf[StoredInputs].getName
+    // Read when this UMJoin's rows start, not when the task starts: under a generated Union,
+    // `inputs[0]` is another child's input in the partitions of that child.
+    val bind = steps.indices.map(k => s"${storeFields(k)} = $stored.step($k);\n${uniqueFields(k)} = ${storeFields(k)}.keysAreUnique();")
     // A store without rows: no combination can complete, so the streamed rows are not even read.
     s"""
+       |if (!$ready) {
+       |  $name $stored = (($name) inputs[0]).of($id);
+       |  $anyEmpty = $stored.anyEmpty();
+       |  ${bind.mkString("\n")}
+       |  $ready = true;
+       |}
        |if (!$anyEmpty) {
        |  ${children(streamed).asInstanceOf[CodegenSupport].produce(ctx, this)}
        |}
      """.stripMargin
   }
 
-  /** This UMJoin's stores in the generated code. */
-  private def storedInputs: String = s"((${classOf[StoredInputs].getName}) inputs[0]).of($id)"
-
   override def doConsume(ctx: CodegenContext, input: Seq[ExprCode], row: ExprCode): String = {
     val plan = initialPlan
-    val storeTerms = plan.steps.indices.map { k =>
-      ctx.addMutableState(classOf[JoinStore].getName, s"store${plan.steps(k).input}", v => s"$v = $storedInputs.step($k);", forceInline = true)
-    }
-    // Known once the task's stores are built: whether a step looks up one row or iterates over several.
-    val uniqueTerms = plan.steps.indices.map { k =>
-      ctx.addMutableState("boolean", s"unique${plan.steps(k).input}", v => s"$v = ${storeTerms(k)}.keysAreUnique();", forceInline = true)
-    }
+    val (storeTerms, uniqueTerms) = (storeFields, uniqueFields)
 
     /** Code checking `conditions` on the rows bound (attributes `attrs`, variables `vars`); runs `body` if they hold. */
     def where(conditions: Seq[Expression], attrs: Seq[Attribute], vars: Seq[ExprCode], body: => String): String =

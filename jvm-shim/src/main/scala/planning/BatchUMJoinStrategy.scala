@@ -52,7 +52,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     val sqlConf = session.sessionState.conf
     for {
       graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output)
-      facts = inputs.map(i => InputFacts(i.stats.sizeInBytes, canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
+      facts = inputs.map(i => InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
       plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
       plan <- plans.find(keepsExistingBroadcasts(inputs, _))
         .toRight("an input broadcast earlier in this query was broadcast for a join Spark plans itself")
@@ -74,6 +74,18 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || broadcast(i)) &&
         cut.inputsBelow.exists(i => broadcast(i) && isFiltered(group.inputs(i)))
     if (group.inputs.indices.exists(shuffled)) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
+  }
+
+  /**
+   * An input's size as the choice of the streamed input needs it: Spark's estimate, except that a
+   * join below is taken to be no larger than its larger side. Without cost-based statistics Spark
+   * estimates an inner join as the product of its sides, which would stream a filtered customer
+   * and orders (TPC-H Q5) and store all of lineitem; the joins inputs are made of are mostly on keys.
+   */
+  private def sizeForStreaming(input: LogicalPlan): BigInt = input match {
+    case j: Join => sizeForStreaming(j.left).max(sizeForStreaming(j.right)).min(j.stats.sizeInBytes)
+    case p if p.children.size == 1 && p.exists(_.isInstanceOf[Join]) => sizeForStreaming(p.children.head).min(p.stats.sizeInBytes)
+    case p => p.stats.sizeInBytes
   }
 
   /** Whether the input keeps only some of its rows: a filter beyond `IS NOT NULL` (which Spark adds for join keys). */
