@@ -7,6 +7,7 @@ Spark gives without UMJoin and count every probe, match and early stop alike.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -125,3 +126,21 @@ def test_a_generated_union_of_a_umjoin_and_a_table(spark: SparkSession, tpch_dat
     assert generated_umjoins(generated_plan) == [True]
     assert any(node.name == "UnionExec" for node in generated_plan.walk())
     assert generated_rows == spark_rows and sum(spark_rows.values()) > 100
+
+
+def generated_sources(spark: SparkSession, sql: str) -> list[str]:
+    """The generated Java source of each whole-stage codegen stage of one planning of `sql`, comments
+    (which quote the plan, expression ids and all) removed."""
+    df = spark.sql(sql)
+    stages = df._jdf.queryExecution().debug().codegenToSeq()
+    sources = [stages.apply(i)._2() for i in range(stages.size())]
+    return [re.sub(r"/\*.*?\*/", "", source, flags=re.S) for source in sources]
+
+
+def test_generated_source_is_the_same_for_every_planning(spark: SparkSession, tpch_data: Path) -> None:
+    """Spark compiles a source once and finds it in its code cache after: nothing that changes from one
+    planning to the next (plan ids, expression ids) may be written into UMJoin's generated code."""
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+        first, second = (generated_sources(spark, tpch.query_text(5)) for _ in range(2))
+    assert any("StoredInputs" in source for source in first)
+    assert first == second

@@ -204,13 +204,16 @@ case class UMJoinExec(
       ctx.addMutableState("boolean", "anyStoreEmpty", forceInline = true))
     val stored = ctx.freshName("stored")
     val name = classOf[StoredInputs].getName
+    // The plan id as a reference, not a literal: generated source that is the same for every
+    // planning of a query is compiled once and then found in Spark's code cache.
+    val planId = ctx.addReferenceObj("umjoinPlanId", Integer.valueOf(id), "java.lang.Integer")
     // Read when this UMJoin's rows start, not when the task starts: under a generated Union,
     // `inputs[0]` is another child's input in the partitions of that child.
     val bind = steps.indices.map(k => s"${storeFields(k)} = $stored.step($k);\n${uniqueFields(k)} = ${storeFields(k)}.keysAreUnique();")
     // A store without rows: no combination can complete, so the streamed rows are not even read.
     s"""
        |if (!$ready) {
-       |  $name $stored = (($name) inputs[0]).of($id);
+       |  $name $stored = (($name) inputs[0]).of($planId.intValue());
        |  $anyEmpty = $stored.anyEmpty();
        |  ${bind.mkString("\n")}
        |  $ready = true;
