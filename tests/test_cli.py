@@ -119,3 +119,11 @@ def test_argument_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
             cli.main(args)
         assert done.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_bench_names_the_broadcast_thresholds_it_knows(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["bench", "--thresholds", "default,5MB"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "broadcast thresholds are default, 1MB, not 5MB" in err and "Traceback" not in err
