@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -25,8 +25,8 @@ $(INSTALLED): pyproject.toml
 # Rebuilt only when a Scala source or a rules file changed.
 build: $(JAR)
 
-$(JAR): $(INSTALLED) $(SCALA_SOURCES) $(RULES) jvm-shim/build.sh
-	jvm-shim/build.sh $(PY) $@
+$(JAR): $(INSTALLED) $(SCALA_SOURCES) $(RULES) jvm-shim/build_jar.py
+	$(PY) jvm-shim/build_jar.py $@
 
 test: build browser
 	$(PY) -m pytest -q

@@ -33,3 +33,8 @@ def tpch_data(spark: SparkSession) -> Path:
     tpch.register(spark, directory)
     return directory
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow whole-system tests (wheel build, cluster) run last, so a failure elsewhere shows first."""
+    items.sort(key=lambda item: any(item.get_closest_marker(m) for m in ("packaging", "cluster")))

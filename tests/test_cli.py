@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from umjoin import cli
+from umjoin.datadir import DATA_DIR_ENV, data_root
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -127,3 +129,30 @@ def test_bench_names_the_broadcast_thresholds_it_knows(capsys: pytest.CaptureFix
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "broadcast thresholds are default, 1MB, not 5MB" in err and "Traceback" not in err
+
+
+def test_jar_prints_the_path_of_the_built_jar(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "jar")
+    assert code == 0
+    jar = Path(out.strip())
+    names = set(zipfile.ZipFile(jar).namelist())
+    assert "umjoin/spark/UMJoinExtensions.class" in names and "umjoin/rules/batch.yaml" in names
+
+
+def test_data_dir_flag_puts_generated_data_there(spark: SparkSession, tpch_data: Path, capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)  # restored after the test: the flag sets it for worker processes
+    code, out, err = run(capsys, "plan-diff", "--tpch", "3", "--tpch-sf", "0.01", "--no-execute", "--data-dir", str(tmp_path / "d"))
+    assert code == 0, err
+    assert (tmp_path / "d" / "tpch" / "sf0.01" / "_COMPLETE").is_file()
+    assert not list((tmp_path / "d" / "tpch").glob("*.partial-*"))
+
+
+def test_data_root_is_the_setting_else_the_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert data_root() == tmp_path / "mine"
+    monkeypatch.delenv(DATA_DIR_ENV)
+    assert data_root() == tmp_path / "xdg" / "umjoin"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert data_root() == Path.home() / ".cache" / "umjoin"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -80,6 +82,23 @@ def test_successful_query_leaves_no_store(spark: SparkSession, star: None, tmp_p
         (node,) = plans.umjoin_nodes(plans.physical_plan(df))
         assert {i.placement for i in node.inputs} == {"streamed", "partitioned"}
     assert (tmp_path / "umjoin-stores").is_dir() and store_dirs(tmp_path) == []
+
+
+def test_stores_of_a_killed_jvm_are_removed_by_the_next_store(spark: SparkSession, star: None, tmp_path: Path) -> None:
+    """A JVM killed outright leaves its store directories; the next store created on the host removes them."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", spark._jvm.java.net.InetAddress.getLocalHost().getHostName())  # as the store names it
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stores = tmp_path / "umjoin-stores"
+    dead = stores / f"{host}-pid{ended}-stage1-part0-attempt0-input2-123"
+    alive = stores / f"{host}-pid{os.getpid()}-stage1-part0-attempt0-input2-456"
+    other_host = stores / f"{host}x-pid{ended}-stage1-part0-attempt0-input2-789"
+    for directory in (dead, alive, other_host):
+        directory.mkdir(parents=True)
+        (directory / "000001.sst").write_bytes(b"left behind")
+    settings = {**NO_BROADCAST, "spark.umjoin.stateBackend": "rocksdb", "spark.umjoin.rocksdb.localDir": str(tmp_path), "spark.sql.adaptive.enabled": "false"}
+    with temporary_conf(spark, settings):
+        assert spark.sql(STAR_SQL).count() == star_rows()
+    assert sorted(store_dirs(tmp_path)) == sorted([alive, other_host])
 
 
 def test_cancelled_query_leaves_no_store(spark: SparkSession, star: None, tmp_path: Path) -> None:

@@ -20,11 +20,11 @@ _JAR = Path(__file__).parent / "jars" / "umjoin-spark.jar"
 
 
 def jar_path() -> str:
-    """The UMJoin jar built for the installed pyspark (``make build`` creates it)."""
+    """The UMJoin jar built for the installed pyspark (the package build or ``make build`` creates it)."""
     if not _JAR.is_file():
         raise FileNotFoundError(
-            f"UMJoin jar not found at {_JAR}. Build it with `make build` in the UMJoin repository "
-            "(it compiles the Scala shim with the compiler inside the installed pyspark)."
+            f"UMJoin jar not found at {_JAR}. `pip install` of the package builds it; in an editable "
+            "checkout run `make build` (both compile the Scala shim with the compiler inside the installed pyspark)."
         )
     return str(_JAR)
 

@@ -1,13 +1,16 @@
-"""The `umjoin` command: tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-probe-order."""
+"""The `umjoin` command: jar, tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-probe-order."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 
-from umjoin import tpch
+from umjoin import jar_path, tpch
+from umjoin.datadir import DATA_DIR_ENV
 from umjoin.errors import UserError
 
 __all__ = ["main"]
@@ -60,11 +63,34 @@ def _positive(text: str) -> float:
     return value
 
 
+#: The modules each optional-dependency group (pyproject.toml's extras) brings, and the commands that need it.
+_REPORT_MODULES = ("duckdb", "duckdb_extension_tpch", "duckdb_extension_tpcds", "sqlglot", "jinja2")
+EXTRA_MODULES = {"report": _REPORT_MODULES, "bench": (*_REPORT_MODULES, "matplotlib")}
+COMMAND_EXTRA = {"tpch-report": "report", "plan-diff": "report", "demo": "report", "bench": "bench",
+                 "bench-memory": "bench", "bench-streaming": "bench", "bench-probe-order": "bench"}
+
+
+def _check_extra(command: str) -> None:
+    """Fails with the install command when ``command``'s extra is not installed (before Spark starts)."""
+    extra = COMMAND_EXTRA.get(command)
+    missing = [m for m in EXTRA_MODULES.get(extra, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"this command needs {', '.join(missing)}, from the {extra!r} extra: "
+                        f"pip install 'umjoin-spark[{extra}]'")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="umjoin", description="UMJoin for Spark: multi-way joins on Spark.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Every command that generates TPC-H or TPC-DS data takes --data-dir.
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--data-dir", type=Path, metavar="DIR",
+                      help=f"where generated data is kept (default ${DATA_DIR_ENV}, else ~/.cache/umjoin)")
 
-    report = commands.add_parser("tpch-report", help="TPC-H conversion report: groups expected and found, answers, times")
+    commands.add_parser("jar", help="print the path of the UMJoin jar (for spark-submit --jars)")
+
+    report = commands.add_parser("tpch-report", parents=[data],
+                                 help="TPC-H conversion report: groups expected and found, answers, times")
     report.add_argument("--sf", type=_positive, default=0.1, help="TPC-H scale factor (default 0.1)")
     report.add_argument("--out", type=Path, help="output directory (default reports/tpch, with --streaming reports/tpch-streaming)")
     report.add_argument("--queries", type=_query_numbers, help="e.g. 3,5,9 (default all; with --streaming the paper's 11)")
@@ -74,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(writes streaming.html, streaming.md, streaming.json)")
     report.add_argument("--micro-batches", type=_whole, help="with --streaming: micro-batches each table is read in (default 5)")
 
-    diff = commands.add_parser("plan-diff", help="a query's plans with UMJoin off and on, converted groups highlighted")
+    diff = commands.add_parser("plan-diff", parents=[data], help="a query's plans with UMJoin off and on, converted groups highlighted")
     diff.add_argument("query", nargs="?", help="SQL text or a .sql file")
     diff.add_argument("--tpch", type=int, metavar="N", choices=tpch.QUERY_NUMBERS, help="TPC-H query N instead of QUERY")
     diff.add_argument("--data", type=Path, metavar="DIR", help="directory of Parquet tables, each a view named by its file")
@@ -86,11 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--no-execute", action="store_true", help="show the plans before execution (AQE may change them)")
     diff.add_argument("--out", type=Path, help="write to this file instead of standard output")
 
-    demo = commands.add_parser("demo", help="one TPC-H query with UMJoin off and on: plans and answers")
+    demo = commands.add_parser("demo", parents=[data], help="one TPC-H query with UMJoin off and on: plans and answers")
     demo.add_argument("--query", type=int, default=5, choices=tpch.QUERY_NUMBERS, help="TPC-H query (default 5)")
     demo.add_argument("--sf", type=_positive, default=0.01, help="TPC-H scale factor (default 0.01)")
 
-    bench = commands.add_parser("bench", help="time the TPC-H queries with UMJoin off and on")
+    bench = commands.add_parser("bench", parents=[data], help="time the TPC-H queries with UMJoin off and on")
     bench.add_argument("--sf", type=_positive, default=1.0, help="TPC-H scale factor (default 1)")
     bench.add_argument("--repetitions", type=int, default=3, help="measured runs per query and setting (default 3)")
     bench.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
@@ -99,12 +125,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--thresholds", type=_thresholds, default=None,
                        help="broadcast thresholds measured: default (Spark's), 1MB, or both comma-separated (default both)")
 
-    memory = commands.add_parser("bench-memory", help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
+    memory = commands.add_parser("bench-memory", parents=[data], help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
     memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
     memory.add_argument("--repetitions", type=int, default=2, help="measured runs per setting (default 2)")
     memory.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
 
-    streaming = commands.add_parser("bench-streaming", help="joins as streams, UMJoin vs Spark's stream-stream joins: "
+    streaming = commands.add_parser("bench-streaming", parents=[data], help="joins as streams, UMJoin vs Spark's stream-stream joins: "
                                     "the 4-way TPC-DS join and TPC-H join blocks")
     streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS and TPC-H scale factor (default 1)")
     streaming.add_argument("--batches", type=_whole, default=20, help="micro-batches the streams are cut into (default 20)")
@@ -112,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
     streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
 
-    order = commands.add_parser("bench-probe-order", help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
+    order = commands.add_parser("bench-probe-order", parents=[data], help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
     order.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
     order.add_argument("--backend", choices=("memory", "rocksdb"), default="memory", help="the stores (default memory)")
     order.add_argument("--cycle-rows", type=_whole, default=2000, help="T: arrivals per statistics cycle (default 2000)")
@@ -125,7 +151,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # Spark starts only once the arguments are known to be valid.
+    if args.command == "jar":
+        print(jar_path())
+        return 0
+    # Spark starts only once the arguments are known to be valid and the command's extra is installed.
+    _check_extra(args.command)
+    if args.data_dir is not None:
+        os.environ[DATA_DIR_ENV] = str(args.data_dir.resolve())  # also for the benchmarks' worker processes
     from umjoin.local import local_builder
 
     if args.command == "plan-diff":

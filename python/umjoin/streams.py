@@ -64,7 +64,7 @@ def split_into_batches(source: Path, target: Path, batches: int, seed: int) -> N
     con.close()
 
 
-def tpch_streams(sf: float, batches: int, seed: int = 42, root: Path = tpch.DEFAULT_DATA_ROOT) -> Path:
+def tpch_streams(sf: float, batches: int, seed: int = 42, root: Path | None = None) -> Path:
     """Every TPC-H table at ``sf`` cut into ``batches`` stream files (once; later calls reuse them)."""
     source = tpch.generate(sf, root)
     target = source / f"streams-{batches}-seed{seed}"

@@ -8,7 +8,7 @@ import duckdb
 import duckdb_extension_tpcds
 from pyspark.sql import SparkSession
 
-from umjoin.tpch import DEFAULT_DATA_ROOT
+from umjoin.datadir import data_root
 
 __all__ = ["FOUR_WAY_QUERY", "FOUR_WAY_ROWS_SF1", "FOUR_WAY_TABLES", "generate", "register"]
 
@@ -24,9 +24,9 @@ FOUR_WAY_ROWS_SF1 = 2_157_897
 _COMPLETE = "_COMPLETE"
 
 
-def generate(sf: float, tables: tuple[str, ...] = FOUR_WAY_TABLES, root: Path = DEFAULT_DATA_ROOT) -> Path:
+def generate(sf: float, tables: tuple[str, ...] = FOUR_WAY_TABLES, root: Path | None = None) -> Path:
     """Generates TPC-DS at ``sf`` with ``CALL dsdgen`` and writes ``tables`` as Parquet (once)."""
-    target = root / "tpcds" / f"sf{sf:g}"
+    target = (root or data_root()) / "tpcds" / f"sf{sf:g}"
     if (target / _COMPLETE).is_file() and all((target / f"{t}.parquet").exists() for t in tables):
         return target
     files = sorted((Path(duckdb_extension_tpcds.__file__).parent).glob("extensions/*/tpcds.duckdb_extension"))

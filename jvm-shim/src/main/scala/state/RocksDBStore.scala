@@ -133,17 +133,37 @@ final class RocksDBStore private (val directory: File, numFields: Int, settings:
 object RocksDBStore {
   RocksDB.loadLibrary()
 
+  /** Store directories start with this JVM's host and process id, so a later JVM can tell whose they are. */
+  private val owner: String = {
+    val host = java.net.InetAddress.getLocalHost.getHostName.replaceAll("[^A-Za-z0-9.]", "_")
+    s"$host-pid${ProcessHandle.current().pid()}-"
+  }
+  private val OwnerName = """(.+)-pid(\d+)-.*""".r
+
   /**
-   * An empty store in a new directory under `settings.root`, named after the task and input; closed
-   * and deleted when the task ends (succeeds, fails or is killed).
+   * An empty store in a new directory under `settings.root`, named after its JVM, task and input;
+   * closed and deleted when the task ends (succeeds, fails or is killed). A JVM killed outright (an
+   * executor lost to SIGKILL or the OOM killer) cannot delete its stores: the next store created on
+   * the same host removes those of JVMs that no longer run.
    */
   def create(settings: RocksDBSettings, numFields: Int, input: Int, context: TaskContext): RocksDBStore = {
     val root = settings.root
     if (!root.isDirectory && !root.mkdirs() && !root.isDirectory) {
       throw new IllegalStateException(s"UMJoin cannot create its store directory $root; set spark.umjoin.rocksdb.localDir to a writable directory")
     }
+    removeStoresOfEndedProcesses(root)
     val directory = Files.createTempDirectory(root.toPath,
-      s"stage${context.stageId()}-part${context.partitionId()}-attempt${context.attemptNumber()}-input$input-").toFile
+      s"${owner}stage${context.stageId()}-part${context.partitionId()}-attempt${context.attemptNumber()}-input$input-").toFile
     new RocksDBStore(directory, numFields, settings)
+  }
+
+  private def removeStoresOfEndedProcesses(root: File): Unit = {
+    val host = owner.substring(0, owner.indexOf("-pid"))
+    for (entry <- Option(root.listFiles()).getOrElse(Array.empty[File])) entry.getName match {
+      case OwnerName(`host`, pid) =>
+        val process = ProcessHandle.of(pid.toLong)
+        if (!(process.isPresent && process.get.isAlive)) FileUtils.deleteQuietly(entry)
+      case _ =>
+    }
   }
 }

@@ -25,13 +25,23 @@ object StateBackend {
  */
 final case class RocksDBSettings(writeBufferSize: Long, blockCacheSize: Long, bloomFilterBitsPerKey: Int, localDir: Option[String]) {
 
-  /** The directory stores are created under: the setting, else Spark's first local directory. */
+  /**
+   * The directory stores are created under: the setting, else the first local directory Spark's own
+   * block manager uses, looked up in Spark's order: the container's directories on YARN, the
+   * application's directories a standalone worker gives its executors, SPARK_LOCAL_DIRS,
+   * spark.local.dir, the JVM's temporary directory. Cluster managers delete the first three with
+   * the application.
+   */
   def root: File = {
+    val env = sys.env
+    val yarn = if (env.contains("CONTAINER_ID")) env.get("LOCAL_DIRS").map(_.split(",")) else None
     val base = localDir.getOrElse(
-      sys.env.get("SPARK_LOCAL_DIRS")
-        .orElse(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir")))
-        .getOrElse(System.getProperty("java.io.tmpdir"))
-        .split(",").head)
+      yarn
+        .orElse(env.get("SPARK_EXECUTOR_DIRS").map(_.split(File.pathSeparator)))
+        .orElse(env.get("SPARK_LOCAL_DIRS").map(_.split(",")))
+        .getOrElse(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
+          .getOrElse(System.getProperty("java.io.tmpdir")).split(","))
+        .head)
     new File(base, "umjoin-stores")
   }
 }
