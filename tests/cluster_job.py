@@ -103,7 +103,6 @@ def tpch_answers(scratch: Path) -> dict[str, Any]:
         outcome[name] = {"wrong": wrong, "umjoins": umjoins, "rocksdb_bytes": rocksdb_bytes, "placements": sorted(placements)}
         for key in settings:
             spark.conf.unset(key)
-    # RocksDB stores went under the directories the workers gave the executors (the application's) ...
     # RocksDB stores went under the directories the workers gave the executors (the application's).
     outcome["store_roots"] = sorted(str(p.relative_to(scratch)) for p in (scratch / "local").rglob("umjoin-stores"))
     spark.stop()
