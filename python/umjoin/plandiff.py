@@ -171,7 +171,7 @@ def _json(sql: str, comparison: plans.PlanComparison) -> str:
         "umjoins": [
             {
                 "inputs": [
-                    {"label": i.label, "placement": i.placement, "store_keys": list(i.store_keys),
+                    {"label": i.label, "placement": i.placement, "join_type": i.join_type, "store_keys": list(i.store_keys),
                      "probe_keys": list(i.probe_keys), "conditions": list(i.conditions), "partition_key": i.partition_key}
                     for i in node.inputs
                 ],

@@ -63,6 +63,7 @@ class PlanNode:
 class UMJoinInput:
     label: str
     placement: str  # streamed | broadcast | partitioned
+    join_type: str  # Inner, or LeftSemi / LeftAnti for the right side of a semi or anti join (a filter)
     store_keys: tuple[str, ...]
     probe_keys: tuple[str, ...]
     conditions: tuple[str, ...]
@@ -175,6 +176,7 @@ def umjoin_nodes(plan: PlanNode) -> list[UMJoinNode]:
                 UMJoinInput(
                     label=i["label"],
                     placement=i["placement"],
+                    join_type=i["joinType"],
                     store_keys=tuple(i["storeKeys"]),
                     probe_keys=tuple(i["probeKeys"]),
                     conditions=tuple(i["conditions"]),

@@ -12,7 +12,7 @@ import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 
 import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, ProbeRoute, Smoothing, StatisticsHistory, StoreStructure}
-import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, ProbeCost, StreamingUMJoinRule}
+import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, LogicalPatterns, ProbeCost, StreamingUMJoinRule}
 import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
@@ -70,7 +70,7 @@ object PlanInspection {
    */
   def twoStepConvert(plan: LogicalPlan): String = {
     val patterns = UMJoinExtensions.loadBatchPatterns(Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir)))
-    val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf)
+    val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf, LogicalPatterns.keptAsInput)
     val groups = tsc.createMultiJoinGroups(plan)
     val converted = tsc.getMultiJoinNode(plan, groups, (group, inputs) => MultiJoin(inputs, group.root.output))
     val groupJson = groups.map { g =>

@@ -3,6 +3,7 @@ package umjoin.spark.exec
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, JoinedRow, Predicate, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftSemi}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 import umjoin.spark.order.ProbeCounters
@@ -15,9 +16,14 @@ final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQL
 /**
  * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
  * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
- * none), and `from`, the route's edge source the statistics are kept for.
+ * none), and `from`, the route's edge source the statistics are kept for. A LeftSemi or LeftAnti
+ * step only lets the combination go on (once) or not, binding nothing.
  */
-final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate, val metrics: InputMetrics)
+final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
+    val metrics: InputMetrics, val joinType: JoinType) {
+  val semi: Boolean = joinType == LeftSemi
+  val anti: Boolean = joinType == LeftAnti
+}
 
 /** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
 final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: BasePredicate, val output: UnsafeProjection)
@@ -55,8 +61,9 @@ object CompiledRoute {
       metrics: Seq[InputMetrics],
       partition: Int): CompiledRoute = {
     val order = plan.route.order
-    // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are.
-    val prefixes = order.indices.map(p => order.take(p + 1).flatMap(outputs))
+    val binds = plan.steps.map(_.input).zip(plan.steps.map(_.binds)).toMap.withDefaultValue(true)
+    // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
+    val prefixes = order.indices.map(p => order.take(p + 1).filter(binds).flatMap(outputs))
     def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate = conditions.reduceOption(And).map { c =>
       val p = Predicate.create(c, attrs)
       p.initialize(partition)
@@ -64,8 +71,8 @@ object CompiledRoute {
     }.orNull
     val steps = (from until until).map { s =>
       val step = plan.steps(s)
-      new ProbeStep(step.input, step.from, storeOf(step.input, step.index),
-        UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)), predicate(step.conditions, prefixes(s + 1)), metrics(step.input))
+      new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
+        predicate(step.conditions, prefixes(s) ++ outputs(step.input)), metrics(step.input), step.joinType)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
     val output = if (until == plan.steps.size) result else prefixes(until)
@@ -103,7 +110,7 @@ final class ProbeCore(
     rerouting: Option[Rerouting] = None) {
 
   def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
-    if (initial.steps.exists(_.store.isEmpty)) Iterator.empty else new Combinations(streamed)
+    if (initial.steps.exists(s => s.store.isEmpty && !s.anti)) Iterator.empty else new Combinations(streamed)
 
   private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
     private var route = initial
@@ -180,9 +187,28 @@ final class ProbeCore(
       found(k) = 0
     }
 
-    /** Binds the next stored row of step k that satisfies its conditions. */
+    /**
+     * Binds the next stored row of step k that satisfies its conditions. A semi step goes on once
+     * at its first such row, an anti step once if there is none; neither binds a row.
+     */
     private def nextMatch(k: Int): Boolean = {
       val step = route.steps(k)
+      if (step.semi || step.anti) {
+        if (candidates(k) == null) return false  // this combination went on already
+        var matched = false
+        while (!matched && candidates(k).hasNext) {
+          val row = joined(k)(bound(k), candidates(k).next())
+          matched = step.condition == null || step.condition.eval(row)
+        }
+        candidates(k) = null
+        if (matched) step.metrics.matches += 1
+        val goesOn = matched == step.semi
+        if (goesOn) {
+          found(k) += 1
+          bound(k + 1) = bound(k)
+        }
+        return goesOn
+      }
       while (candidates(k).hasNext) {
         val row = joined(k)(bound(k), candidates(k).next())
         if (step.condition == null || step.condition.eval(row)) {

@@ -8,6 +8,7 @@ import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BindReferences, BoundReference, Cast, Expression}
 import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode, GenerateUnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftSemi}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, BroadcastMode, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
 import org.apache.spark.sql.execution.{CodegenSupport, SQLExecution, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
@@ -21,9 +22,10 @@ import org.apache.spark.sql.execution.umjoin.BroadcastTable
 import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
 
 /**
- * The batch UMJoin: one multi-way inner join over `children` (the inputs of a TSC group). The join
+ * The batch UMJoin: one multi-way join over `children` (the inputs of a TSC group). The join
  * is its key classes (`classInputs(c)` take part in class c with `classKeys(c)`) and residual
- * conditions. Every input but the streamed one (`route.start`) is kept in stores, one per key class
+ * conditions; `filters` are the inputs of its LEFT SEMI and LEFT ANTI joins, probed last, which
+ * let a combination through or not and add no columns. Every input but the streamed one (`route.start`) is kept in stores, one per key class
  * in `indexes`. A partitioned input's partition is stored per task, in stores of
  * `spark.umjoin.stateBackend` that live as long as the task. A broadcast input stored under one key
  * class is Spark's hash table on that key, built once and shared by the tasks of an executor; one
@@ -44,6 +46,7 @@ case class UMJoinExec(
     classKeys: Seq[Seq[Expression]],
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
+    filters: Map[Int, JoinType],
     indexes: Seq[Seq[StoreIndex]],
     route: ProbeRoute,
     probeOrder: ProbeOrderSettings,
@@ -56,7 +59,7 @@ case class UMJoinExec(
   private def streamed: Int = route.start
 
   /** The join the node computes: its key classes and residual conditions. */
-  def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
+  def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters)
 
   private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, indexes)
 
@@ -183,10 +186,11 @@ case class UMJoinExec(
     val streamedRDDs = children(streamed).asInstanceOf[CodegenSupport].inputRDDs()
     val partitioned = children.indices.filter(i => i != streamed && !broadcast(i))
     val (storesOf, probed, planId) = (taskStores, initialPlan.steps.map(s => (s.input, s.index)), id)
+    val emptyEndsAll = initialPlan.steps.map(_.joinType != LeftAnti).toArray  // an empty anti join's store filters nothing
     val zipped = new ZippedInputsRDD[Any, Any]((streamedRDDs.head +: partitioned.map(children(_).execute())).map(_.asInstanceOf[RDD[Any]]), {
       (context, iterators) =>
         val indexOf = storesOf(context, i => iterators(1 + partitioned.indexOf(i)).asInstanceOf[Iterator[InternalRow]])
-        new StoredInputs(planId, probed.map(indexOf).toArray, iterators(0))
+        new StoredInputs(planId, probed.map(indexOf).toArray, emptyEndsAll, iterators(0))
     })
     zipped.asInstanceOf[RDD[InternalRow]] +: streamedRDDs.tail
   }
@@ -258,7 +262,9 @@ case class UMJoinExec(
         val step = plan.steps(k)
         val m = s"in${step.input}"
         val probeKeys = UMJoinExec.hashable(step.probeKeys)
-        val keyInputs = evaluateRequiredVariables(attrs, vars, AttributeSet(probeKeys.flatMap(_.references)))
+        // A filter's steps go on after its loop: the bound rows' columns its conditions read are evaluated before it.
+        val used = probeKeys.flatMap(_.references) ++ (if (step.binds) Nil else step.conditions.flatMap(_.references))
+        val keyInputs = evaluateRequiredVariables(attrs, vars, AttributeSet(used))
         ctx.currentVars = vars
         ctx.INPUT_ROW = null
         val key = GenerateUnsafeProjection.createCode(ctx, BindReferences.bindReferences(probeKeys, attrs))
@@ -268,12 +274,23 @@ case class UMJoinExec(
         val storedAttrs = children(step.input).output
         val storedVars = storedAttrs.zipWithIndex.map { case (a, i) => BoundReference(i, a.dataType, a.nullable).genCode(ctx) }
         val (nextAttrs, nextVars) = (attrs ++ storedAttrs, vars ++ storedVars)
+        // A semi or anti step only looks for one matching row; the combination goes on with the rows bound before.
         def matched: String =
-          s"""
+          if (step.binds) s"""
              |${metricTerm(ctx, s"${m}Matches")}.add(1);
              |$found++;
              |${steps(k + 1, nextAttrs, nextVars)}
            """.stripMargin
+          else s"""
+             |${metricTerm(ctx, s"${m}Matches")}.add(1);
+             |$found++;
+             |break;
+           """.stripMargin
+        val goOn = step.joinType match {
+          case LeftSemi => s"if ($found > 0L) {\n${steps(k + 1, attrs, vars)}\n} else ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
+          case LeftAnti => s"if ($found == 0L) {\n${steps(k + 1, attrs, vars)}\n} else ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
+          case _ => s"if ($found == 0L) ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
+        }
         // Rows of the store stay valid until its next lookup, so a match is used before the next is read.
         s"""
            |${metricTerm(ctx, s"${m}Probes")}.add(1);
@@ -298,7 +315,7 @@ case class UMJoinExec(
            |    ${where(step.conditions, nextAttrs, nextVars, matched)}
            |  }
            |}
-           |if ($found == 0L) ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);
+           |$goOn
          """.stripMargin
       }
 
@@ -311,7 +328,7 @@ case class UMJoinExec(
 
   override def simpleString(maxFields: Int): String = {
     val inputs = children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", ")
-    val order = route.order.map(i => s"#$i").mkString(" -> ")
+    val order = route.order.map(i => s"#$i${filterText(i)}").mkString(" -> ")
     val conds = if (allConditions.isEmpty) "" else s", conditions=[${conditionText(maxFields)}]"
     val adaptive = if (probeOrder.adaptive) s", adaptive=${probeOrder.policy.name}" else ""
     s"$nodeName inputs=[$inputs], joinKeys=[${joinKeyText(maxFields)}], probeOrder=[$order]$adaptive$conds"
@@ -320,7 +337,7 @@ case class UMJoinExec(
   override def verboseStringWithOperatorId(): String = {
     val lines = Seq(
       s"Inputs [${children.size}]: " + children.indices.map(i => s"#$i ${inputLabels(i)} (${placement(i)})").mkString(", "),
-      s"Probe order: ${route.order.map(i => s"#$i ${inputLabels(i)}").mkString(" -> ")}" +
+      s"Probe order: ${route.order.map(i => s"#$i ${inputLabels(i)}${filterText(i)}").mkString(" -> ")}" +
         (if (probeOrder.adaptive) s" (initial; ${probeOrder.policy.name} chooses again every ${probeOrder.cycleRows} rows)" else ""),
       s"Join keys: ${joinKeyText(Int.MaxValue)}") ++
       (if (allConditions.isEmpty) Nil else Seq(s"Conditions: ${conditionText(Int.MaxValue)}"))
@@ -341,11 +358,19 @@ case class UMJoinExec(
       JObject(
         "label" -> JString(inputLabels(i)),
         "placement" -> JString(if (i == streamed) "streamed" else if (broadcast(i)) "broadcast" else "partitioned"),
+        "joinType" -> JString(filters.get(i).map(_.toString).getOrElse("Inner")),
         "partitionKey" -> partitionKeys(i).map(k => JString(k.toString)).getOrElse(JNull),
         "storeKeys" -> JArray(step.toList.flatMap(s => s.index.classes.map(c => JString(joinGraph.classes(c).keyOf(i).get.toString)))),
         "probeKeys" -> JArray(step.toList.flatMap(s => s.probeKeys.map(k => JString(k.toString)))),
         "conditions" -> JArray((if (i == streamed) initialPlan.startConditions else step.toSeq.flatMap(_.conditions)).map(e => JString(e.toString)).toList))
     }.toList))
+
+  /** How a filter input's step lets combinations through: ` (semi)` or ` (anti)`; nothing for a joined input. */
+  private def filterText(i: Int): String = filters.get(i) match {
+    case Some(LeftSemi) => " (semi)"
+    case Some(LeftAnti) => " (anti)"
+    case _ => ""
+  }
 
   private def placement(i: Int): String =
     if (i == streamed) "streamed" + partitionKeys(i).map(k => s", partitioned by $k").getOrElse("")
@@ -431,7 +456,7 @@ final class AdaptiveRouting(
  * as it comes, with the task's stores in route order (`step(k)` is probed at step k). A UMJoin
  * streaming another one in the same generated code wraps that one's: each finds its own by plan id.
  */
-final class StoredInputs(planId: Int, stores: Array[JoinStore], rows: Iterator[Any]) extends Iterator[Any] {
+final class StoredInputs(planId: Int, stores: Array[JoinStore], emptyEndsAll: Array[Boolean], rows: Iterator[Any]) extends Iterator[Any] {
   def of(id: Int): StoredInputs =
     if (id == planId) this
     else rows match {
@@ -439,7 +464,8 @@ final class StoredInputs(planId: Int, stores: Array[JoinStore], rows: Iterator[A
       case _ => throw new IllegalStateException(s"no stores of UMJoin plan $id in this task")
     }
   def step(k: Int): JoinStore = stores(k)
-  def anyEmpty: Boolean = stores.exists(_.isEmpty)
+  /** Whether a store without rows means no combination completes (any but an anti join's). */
+  def anyEmpty: Boolean = stores.indices.exists(k => emptyEndsAll(k) && stores(k).isEmpty)
   override def hasNext: Boolean = rows.hasNext
   override def next(): Any = rows.next()
 }

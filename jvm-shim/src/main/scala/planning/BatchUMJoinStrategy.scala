@@ -4,6 +4,7 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{IsNotNull, PredicateHelper}
 import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
+import org.apache.spark.sql.catalyst.plans.{LeftAnti, LeftSemi}
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.plans.physical.BroadcastDistribution
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
@@ -24,7 +25,7 @@ import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[LogicalPlan])
   extends SparkStrategy with JoinSelectionHelper with PredicateHelper with Logging {
 
-  private val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf)
+  private val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf, LogicalPatterns.keptAsInput)
 
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
@@ -43,15 +44,23 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
 
   /** The plan this group runs with, or why it cannot run as one UMJoin. */
   private def tryPlan(group: MultiJoinGroup[LogicalPlan]): Either[String, UMJoinPlan] = {
-    val conjuncts = group.members.flatMap {
+    val inputs = group.inputs
+    val (filtering, joining) = group.members.partition {
+      case j: Join => j.joinType == LeftSemi || j.joinType == LeftAnti
+      case _ => false
+    }
+    val conjuncts = joining.flatMap {
       case j: Join => j.condition.toSeq.flatMap(splitConjunctivePredicates)
       case f: Filter => splitConjunctivePredicates(f.condition)
       case _ => Nil
     }
-    val inputs = group.inputs
+    // A semi or anti join's right side stays one input of the group (TSC keeps it out): that input filters.
+    val filterJoins = filtering.collect { case j: Join =>
+      FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, j.condition.toSeq.flatMap(splitConjunctivePredicates))
+    }
     val sqlConf = session.sessionState.conf
     for {
-      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output)
+      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output, filterJoins)
       facts = inputs.map(i => InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
       plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
       plan <- plans.find(keepsExistingBroadcasts(inputs, _))
@@ -124,6 +133,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       classKeys = graph.classes.map(_.members.map(_._2)),
       residuals = graph.residuals.map(_.condition),
       residualInputs = graph.residuals.map(_.inputs.toSeq.sorted),
+      filters = graph.filters,
       indexes = plan.indexes,
       route = plan.route,
       probeOrder = probeOrder,

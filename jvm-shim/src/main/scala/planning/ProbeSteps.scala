@@ -3,6 +3,7 @@ package umjoin.spark.planning
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType}
 
 import umjoin.spark.order.{ProbeGraph, ProbeRoute}
 
@@ -19,9 +20,14 @@ object StoreIndex {
 /**
  * One step of a probe route: `input`'s store is probed through `index` with `probeKeys` (its
  * classes' values, from inputs bound earlier); `conditions` are checked once the stored row is
- * bound. `from` is the route's edge source, which the statistics are kept for.
+ * bound. `from` is the route's edge source, which the statistics are kept for. `joinType` is Inner
+ * (each matching row is bound in turn), LeftSemi (the combination goes on once if a row matches,
+ * binding nothing) or LeftAnti (it goes on if none does).
  */
-final case class StepPlan(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression])
+final case class StepPlan(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
+    joinType: JoinType = Inner) {
+  def binds: Boolean = joinType == Inner
+}
 
 /** A route turned into steps: the conditions on the start row alone, then one step per other input. */
 final case class RoutePlan(route: ProbeRoute, startConditions: Seq[Expression], steps: Seq[StepPlan])
@@ -35,9 +41,9 @@ final case class RoutePlan(route: ProbeRoute, startConditions: Seq[Expression], 
  */
 object ProbeSteps {
 
-  /** Pairs of inputs sharing a key class: the edges probe routes may take. */
+  /** Pairs of inputs sharing a key class: the edges probe routes may take (none from a filter, which binds no key). */
   def graph(joinGraph: JoinGraph): ProbeGraph = ProbeGraph(joinGraph.numInputs,
-    for (i <- 0 until joinGraph.numInputs; j <- 0 until joinGraph.numInputs
+    for (i <- joinGraph.joined; j <- 0 until joinGraph.numInputs
          if i != j && joinGraph.classes.exists(c => c.inputs.contains(i) && c.inputs.contains(j))) yield (i, j))
 
   /** The steps of `route`; `indexed(i)` are the indexes input i's store can be probed through. */
@@ -55,6 +61,8 @@ object ProbeSteps {
           // The probe already matched the store's key for this class: check its other expressions only.
           case Some(v) if probed.contains(c) => mine.tail.map(EqualTo(v, _))
           case Some(v) => mine.map(EqualTo(v, _))
+          case None if joinGraph.filters.contains(input) =>
+            throw new IllegalStateException(s"filter input $input is probed before its key class $c is bound")
           case None =>
             value(c) = mine.head
             mine.tail.map(EqualTo(mine.head, _))
@@ -78,7 +86,7 @@ object ProbeSteps {
         .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
       val conditions = bind(to, index.classes, bound)
       bound += to
-      StepPlan(to, from, index, index.classes.map(value), conditions)
+      StepPlan(to, from, index, index.classes.map(value), conditions, joinGraph.filters.getOrElse(to, Inner))
     }
     RoutePlan(route, startConditions, steps)
   }

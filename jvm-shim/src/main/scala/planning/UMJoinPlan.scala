@@ -41,7 +41,9 @@ object UMJoinPlan {
    */
   def candidates(graph: JoinGraph, facts: Seq[InputFacts], adaptive: Boolean): Either[String, Seq[UMJoinPlan]] = {
     if (!graph.isConnected) return Left("its inputs are not all connected by equi-join keys")
-    val streamable = facts.indices.filterNot(facts(_).mustBroadcast).sortBy(i => (-facts(i).sizeInBytes, i))
+    if (adaptive && graph.filters.nonEmpty) return Left("adaptive probe orders reorder inner joins only, and the group has semi or anti joins")
+    // A filter (semi or anti join) is probed, never streamed: its rows match combinations, not the reverse.
+    val streamable = graph.joined.filterNot(facts(_).mustBroadcast).sortBy(i => (-facts(i).sizeInBytes, i))
     if (streamable.isEmpty) return Left("every input is an already broadcast stage")
     val tooLarge = facts.indices.filter(i => !facts(i).canBroadcast && !facts(i).mustBroadcast).toSet
     val plans = streamable.flatMap { streamed =>
@@ -71,7 +73,8 @@ object UMJoinPlan {
   private def plan(graph: JoinGraph, streamed: Int, placements: Seq[InputPlacement], adaptive: Boolean): UMJoinPlan = {
     val probeGraph = ProbeSteps.graph(graph)
     val shared = (0 until graph.numInputs).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i) && graph.classes(c).inputs.size > 1))
-    val route = ProbeOrder.fixed(probeGraph, streamed)
+    // Filters last: their conditions read the inputs of their joins' preserved sides, all bound by then.
+    val route = ProbeOrder.following(probeGraph, streamed, graph.joined ++ graph.filters.keys.toSeq.sorted)
     val indexes =
       if (adaptive) shared.indices.map(i => if (i == streamed) Nil else shared(i).map(StoreIndex.single))
       else {

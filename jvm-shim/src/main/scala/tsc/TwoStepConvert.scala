@@ -30,9 +30,11 @@ final case class MultiJoinGroup[T](root: T, members: Seq[T], inputs: Seq[T])
  * (physical plans) share it. `roleOf` is the paper's canBeMultiJoinGroupMember.
  *
  * Plan nodes are compared by identity, never by equality: the two sides of a self-join are equal
- * trees but different nodes.
+ * trees but different nodes. `keptAsInput(output, child)` says a child stays an input of its
+ * output's group whatever its role: the right side of a semi or anti join, which the multi-way
+ * join probes as one store.
  */
-final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole]) {
+final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole], keptAsInput: (T, T) => Boolean = (_: T, _: T) => false) {
 
   /** Algorithm 1. */
   def convert(root: T, createMultiJoinNode: (MultiJoinGroup[T], Seq[T]) => T): T =
@@ -112,7 +114,7 @@ final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole]) {
       splitAt: Seq[T]): Option[T] = {
     // Plans are trees: a node has at most one output, so "all outputs in one group" is that output's group.
     if (splitAt.exists(_ eq node)) None
-    else Option(outputOf.get(node)).flatMap(output => Option(groupRootOf.get(output)))
+    else Option(outputOf.get(node)).filterNot(keptAsInput(_, node)).flatMap(output => Option(groupRootOf.get(output)))
   }
 
   private def groupRootedAt(root: T, groupRootOf: IdentityHashMap[T, T]): MultiJoinGroup[T] = {
