@@ -35,6 +35,7 @@ TPCH_SF = 0.01
 #: stores every task builds from its partition, in memory and in RocksDB.
 TPCH_SETTINGS = {
     "broadcast-memory": {"spark.umjoin.stateBackend": "memory"},
+    "broadcast-rocksdb": {"spark.umjoin.stateBackend": "rocksdb"},
     "partitioned-memory": {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.umjoin.stateBackend": "memory"},
     "partitioned-rocksdb": {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.umjoin.stateBackend": "rocksdb"},
 }

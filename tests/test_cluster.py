@@ -35,7 +35,7 @@ def test_tpch_official_answers_on_two_executors(tmp_path: Path) -> None:
     for name in TPCH_SETTINGS:
         assert result[name]["wrong"] == [], f"{name}: TPC-H queries differing from the official answers"
         assert result[name]["umjoins"] > 0, f"{name}: no query ran a UMJoin"
-    assert "broadcast" in result["broadcast-memory"]["placements"]
+    assert "broadcast" in result["broadcast-memory"]["placements"] and "broadcast" in result["broadcast-rocksdb"]["placements"]
     assert "broadcast" not in result["partitioned-memory"]["placements"]
     assert result["partitioned-rocksdb"]["rocksdb_bytes"] > 0 and result["partitioned-memory"]["rocksdb_bytes"] == 0
     assert result["store_roots"], "RocksDB stores were not under the executors' local directories"
