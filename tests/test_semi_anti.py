@@ -16,22 +16,17 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
+from test_random_joins import CONFIGS as RANDOM_JOIN_CONFIGS
 from umjoin import plans
 from umjoin.local import temporary_conf
 
 SEEDS = range(16)
-NO_BROADCAST = {"spark.sql.autoBroadcastJoinThreshold": "-1"}
-CONFIGS = {
-    "aqe-off": {"spark.sql.adaptive.enabled": "false"},
-    "aqe-on": {"spark.sql.adaptive.enabled": "true"},
-    "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "memory"},
-    "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", **NO_BROADCAST},
-    "interpreted-no-broadcast": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.sql.codegen.wholeStage": "false"},
-    "interpreted": {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false"},
-    "rocksdb": {"spark.sql.adaptive.enabled": "false", **NO_BROADCAST, "spark.umjoin.stateBackend": "rocksdb"},
-    # Adaptive orders reorder inner joins only: a group with a filter keeps the semi/anti joins as Spark plans them.
-    "dpPick": {"spark.sql.adaptive.enabled": "false", "spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.cycleRows": "1"},
-}
+# The random join suite's settings: broadcast or not, AQE, generated or interpreted loop, RocksDB ...
+CONFIGS = {name: RANDOM_JOIN_CONFIGS[name] for name in
+           ("aqe-off", "aqe-on", "aqe-off-no-broadcast", "aqe-on-no-broadcast", "interpreted-no-broadcast", "rocksdb")}
+CONFIGS["interpreted"] = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false"}
+# ... and an adaptive order, which reorders inner joins only: a group with a filter keeps the semi/anti joins as Spark plans them.
+CONFIGS["dpPick"] = RANDOM_JOIN_CONFIGS["dpPick"]
 
 
 @dataclass(frozen=True)
