@@ -188,6 +188,115 @@ def test_a_chain_shows_its_layout_and_ships_partial_combinations(spark: SparkSes
         assert rows == sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}))
 
 
+def two_key_join(frames: dict[str, DataFrame]) -> DataFrame:
+    """x joins w on p; y joins w on a and b together (as TPC-H's lineitem joins partsupp on part and supplier)."""
+    x, w, y = frames["x"], frames["w"], frames["y"]
+    return x.join(w, x.x_p == w.w_p).join(y, (w.w_a == y.y_a) & (w.w_b == y.y_b))
+
+
+def two_key_data(tmp_path: Path, batches: range) -> dict[str, str]:
+    """Many x and w rows, few y rows: w is partitioned on p (x's probes stay in one partition) and y's go to all."""
+    columns = {"x": "x_p BIGINT, x_v BIGINT", "w": "w_p BIGINT, w_a BIGINT, w_b BIGINT, w_v BIGINT", "y": "y_a BIGINT, y_b BIGINT, y_v BIGINT"}
+    rng = random.Random(17)
+    rows = {
+        "x": lambda: (rng.randrange(30), rng.randrange(100)),
+        "w": lambda: (rng.randrange(30), rng.randrange(4), rng.randrange(6), rng.randrange(100)),
+        "y": lambda: (rng.randrange(4), rng.randrange(6), rng.randrange(100)),
+    }
+    sizes = {"x": 60, "w": 60, "y": 3}
+    for name in columns:
+        write_batches(tmp_path / name, columns[name], [[rows[name]() for _ in range(sizes[name])] for _ in batches])
+    return columns
+
+
+def test_a_store_reached_with_several_keys_is_indexed_on_all_of_them(spark: SparkSession, tmp_path: Path) -> None:
+    """A row sent to every partition of a store looks it up by every key of the store it carries: one index on
+    (a, b), so a lookup finds exactly the rows agreeing on both. Its entries are one per stored row."""
+    columns = two_key_data(tmp_path, range(3))
+    frames = {n: stream(spark, tmp_path / n, columns[n]) for n in columns}
+    with temporary_conf(spark, {**ROCKSDB, "spark.sql.shuffle.partitions": "3"}):
+        rows, query = run_to_end(two_key_join(frames), "two_keys", tmp_path / "ck")
+    (line,) = [l for l in executed_plan(query).splitlines() if "StreamingUMJoin inputs=" in l]
+    assert re.search(r"#1 w \(partitioned by w_p#\d+L, indexed by \(w_a#\d+L, w_b#\d+L\)\)", line), line
+    assert "#2: #2 =>* #1 -> #0" in line, line
+    (umjoin,) = [op for op in query.lastProgress["stateOperators"] if op["operatorName"] == "umJoin"]
+    assert umjoin["customMetrics"]["stateIndexEntriesInput1"] == umjoin["customMetrics"]["stateRowsInput1"] == 180
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        assert rows == sorted_rows(two_key_join({n: spark.read.parquet(str(tmp_path / n)) for n in columns})) and len(rows) > 0
+
+
+def test_a_checkpoint_of_the_previous_layout_format_continues_under_an_adaptive_order(spark: SparkSession, tmp_path: Path) -> None:
+    """A checkpoint whose layout record has format 1 (an index named by its one key, as the previous version
+    wrote it) continues; restarted under dpPick, routes change within what the recorded layout can probe,
+    and every row is written once."""
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+    rng = random.Random(23)
+    data = {n: [[(rng.randrange(5), rng.randrange(4), rng.randrange(100)) for _ in range(10)] for _ in range(5)] for n in "xyz"}
+    for name in "xyz":
+        write_batches(tmp_path / name, columns[name], data[name][:2])
+
+    def run_once() -> StreamingQuery:
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}
+        query = (chain(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return query
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        run_once()
+        (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
+        recorded = layout.read_text()
+        assert '"format":2' in recorded and '"indexedBy":[["y_j"]]' in recorded, recorded
+        layout.write_text(recorded.replace('"format":2', '"format":1').replace('"indexedBy":[["y_j"]]', '"indexedBy":["y_j"]'))
+        (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
+        for name in "xyz":
+            write_batches(tmp_path / name, columns[name], data[name][2:])
+        with temporary_conf(spark, {"spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.period": "1ms"}):
+            restarted = run_once()
+    assert "probeOrder=dpPick" in executed_plan(restarted)
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        expected = sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}))
+    assert sorted_rows(spark.read.parquet(str(tmp_path / "out"))) == expected and len(expected) > 0
+
+
+def test_an_adaptive_order_keeps_recorded_routes_where_multi_key_indexes_leave_no_other(spark: SparkSession, tmp_path: Path) -> None:
+    """s and t join each other on d, and w on a and b (one each); w is partitioned on c (u's key) and indexed
+    on (a, b), which only a combination of s and t carries. Restarted under dpPick, the policy could reach w
+    from no single input: the recorded routes stay (explain says fixed), and every row is written once."""
+    columns = {"s": "s_a BIGINT, s_d BIGINT, s_v BIGINT", "t": "t_b BIGINT, t_d BIGINT, t_v BIGINT",
+               "w": "w_a BIGINT, w_b BIGINT, w_c BIGINT, w_v BIGINT", "u": "u_c BIGINT, u_v BIGINT"}
+    rng = random.Random(1)
+    rows = {"s": lambda: (rng.randrange(4), rng.randrange(5), rng.randrange(99)), "t": lambda: (rng.randrange(4), rng.randrange(5), rng.randrange(99)),
+            "w": lambda: (rng.randrange(4), rng.randrange(4), rng.randrange(30), rng.randrange(99)), "u": lambda: (rng.randrange(30), rng.randrange(99))}
+    sizes = {"s": 3, "t": 3, "w": 40, "u": 40}
+    data = {n: [[rows[n]() for _ in range(sizes[n])] for _ in range(4)] for n in columns}
+
+    def join(f: dict[str, DataFrame]) -> DataFrame:
+        return (f["s"].join(f["t"], f["s"].s_d == f["t"].t_d).join(f["w"], (f["w"].w_a == f["s"].s_a) & (f["w"].w_b == f["t"].t_b))
+                .join(f["u"], f["u"].u_c == f["w"].w_c))
+
+    def run_once() -> StreamingQuery:
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in columns}
+        query = (join(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return query
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        for name in columns:
+            write_batches(tmp_path / name, columns[name], data[name][:2])
+        (line,) = [l for l in executed_plan(run_once()).splitlines() if "StreamingUMJoin inputs=" in l]
+        assert re.search(r"#2 w \(partitioned by w_c#\d+L, indexed by \(w_a#\d+L, w_b#\d+L\)\)", line), line
+        for name in columns:
+            write_batches(tmp_path / name, columns[name], data[name][2:])
+        with temporary_conf(spark, {"spark.umjoin.probeOrder": "dpPick", "spark.umjoin.dpPick.period": "1ms"}):
+            restarted = run_once()
+    assert "probeOrder=fixed" in executed_plan(restarted)
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        expected = sorted_rows(join({n: spark.read.parquet(str(tmp_path / n)) for n in columns}))
+    assert sorted_rows(spark.read.parquet(str(tmp_path / "out"))) == expected and len(expected) > 0
+
+
 def test_the_layout_is_chosen_from_the_first_micro_batch_as_measured(spark: SparkSession, tmp_path: Path) -> None:
     """The probe-cost model's figures are the first micro-batch's rows after filters and its key values; where
     an input keeps state of its own (a deduplication) it is not run twice, and Spark's plan estimates serve."""
@@ -271,9 +380,9 @@ def test_state_of_another_umjoin_version_is_refused(spark: SparkSession, tmp_pat
     (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
     assert [p.name for p in (layout.parent / "0").iterdir() if p.name.startswith("umjoin-input-1")] != []
     if change == "older format":
-        layout.write_text(layout.read_text().replace('"format":1', '"format":0'))
+        layout.write_text(layout.read_text().replace('"format":2', '"format":0'))
         (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
-        expected = "written by another version of UMJoin (state layout format 0; this version keeps format 1)"
+        expected = "written by another version of UMJoin (state layout format 0; this version reads formats 1 to 2)"
     else:
         layout.unlink()
         expected = "written by an earlier version of UMJoin, whose state layout this version cannot read"

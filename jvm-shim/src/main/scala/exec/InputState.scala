@@ -6,29 +6,35 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, GenericInternalRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
-import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
+import umjoin.spark.planning.StoreIndex
 import umjoin.spark.state.JoinStore
 
 /**
  * Where one stream input of a streaming UMJoin keeps its rows, in one partition: a state store
  * keyed by (the row's value of its partitioning class, a sequence number, the time it was stored),
- * probed by prefix scans on the first; and per further indexed class a state store keyed by (the
- * row's value of that class, the sequence number), whose values point to the row (its partitioning
- * key and time). All of them under the StreamingUMJoin's operator in the checkpoint, through Spark's
- * state store API, so the session's provider (RocksDB's is an LSM-tree) keeps them.
+ * probed by prefix scans on the first; and per further index a state store keyed by (the row's
+ * values of the index's classes, the sequence number), probed by prefix scans on those values,
+ * whose values point to the row (its partitioning key and time). All of them under the
+ * StreamingUMJoin's operator in the checkpoint, through Spark's state store API, so the session's
+ * provider (RocksDB's is an LSM-tree) keeps them.
  *
- * @param partitionKey the input's expression for its partitioning class
- * @param indexKeys    per indexed class, the input's expression for it
+ * @param partitionClass the key class the input is partitioned on, and `partitionKey` its expression for it
+ * @param indexes        per index, the input's expressions for its classes
  */
-final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionKey: Expression, indexKeys: Seq[(Int, Expression)]) {
+final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int, partitionKey: Expression,
+    indexes: Seq[(StoreIndex, Seq[Expression])]) {
   def primaryKeySchema: StructType = StructType(Seq(
     StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
-  def indexKeySchema(key: Expression): StructType = StructType(Seq(StructField("key", key.dataType), StructField("sequence", LongType, nullable = false)))
+  def indexKeySchema(keys: Seq[Expression]): StructType = StructType(keys.zipWithIndex.map { case (k, i) =>
+    StructField(if (i == 0) "key" else s"key$i", k.dataType)
+  } :+ StructField("sequence", LongType, nullable = false))
   def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey", partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
 }
 
@@ -40,19 +46,21 @@ final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionKey
 final class InputState private (
     spec: InputStateSpec,
     val primary: ReadStateStore,
-    val indexes: Map[Int, ReadStateStore],
+    val indexes: Map[StoreIndex, ReadStateStore],
     visible: Long => Boolean) {
 
   private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
   private val rowKeyValues = new GenericInternalRow(3)
 
-  /** The stored rows whose value of class `keyClass` is the single field of `key`. */
-  def lookup(keyClass: Int, key: UnsafeRow): Iterator[InternalRow] =
-    indexes.get(keyClass) match {
-      case None => primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
-      case Some(index) => index.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
+  /** The stored rows whose values of `index`'s classes are the fields of `key`. */
+  def lookup(index: StoreIndex, key: UnsafeRow): Iterator[InternalRow] =
+    if (index == StoreIndex.single(spec.partitionClass)) primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    else {
+      val store = indexes.getOrElse(index, throw new IllegalStateException(s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
+      val sequence = index.classes.size
+      store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
         rowKeyValues.update(0, pair.value.get(0, spec.partitionKey.dataType))
-        rowKeyValues.update(1, pair.key.getLong(1))
+        rowKeyValues.update(1, pair.key.getLong(sequence))
         rowKeyValues.update(2, pair.value.getLong(1))
         val row = primary.get(rowKey(rowKeyValues))
         if (row == null) throw new IllegalStateException(
@@ -64,9 +72,9 @@ final class InputState private (
   /** Every stored row still visible. */
   def visibleRows(): Iterator[InternalRow] = primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
 
-  /** A probe of this input's state through `keyClass`, as the probe loop sees it. */
-  def storeFor(keyClass: Int): JoinStore = new JoinStore {
-    override def get(key: UnsafeRow): Iterator[InternalRow] = lookup(keyClass, key)
+  /** A probe of this input's state through `index`, as the probe loop sees it. */
+  def storeFor(index: StoreIndex): JoinStore = new JoinStore {
+    override def get(key: UnsafeRow): Iterator[InternalRow] = lookup(index, key)
     override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
     override def keyCount: Long = primary match {
       case s: StateStore => s.metrics.numKeys
@@ -77,59 +85,88 @@ final class InputState private (
   }
 }
 
+/**
+ * How a stream input's stores are opened: the rows' store as the session configures state stores;
+ * its indexes without RocksDB's count of keys (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows),
+ * which reads the key before every write to count it. An index holds exactly one entry per stored
+ * row (a row with a NULL key is never stored), so its entries are counted by the rows instead.
+ */
+final case class InputStateConf(rows: StateStoreConf, indexes: StateStoreConf)
+
+object InputStateConf {
+  def apply(sqlConf: SQLConf): InputStateConf = {
+    val untracked = sqlConf.clone()
+    untracked.setConfString("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+    InputStateConf(new StateStoreConf(sqlConf), new StateStoreConf(untracked))
+  }
+}
+
 object InputState {
   def storeName(input: Int): String = s"umjoin-input-$input"
   def indexStoreName(input: Int, position: Int): String = s"umjoin-input-$input-index-$position"
 
   /** The committed state of the previous micro-batch, read-only; released when the task ends. */
-  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, conf: StateStoreConf, hadoopConf: Configuration,
+  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputState = {
-    def open(name: String, keySchema: StructType, valueSchema: StructType): ReadStateStore = {
-      val store = StateStore.getReadOnly(providerId(info, partition, name), keySchema, valueSchema, PrefixKeyScanStateEncoderSpec(keySchema, 1),
+    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): ReadStateStore = {
+      val store = StateStore.getReadOnly(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
       context.addTaskCompletionListener[Unit](_ => store.release())
       store
     }
     new InputState(spec,
-      open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output)),
-      spec.indexKeys.zipWithIndex.map { case ((c, key), position) =>
-        c -> open(indexStoreName(spec.input, position), spec.indexKeySchema(key), spec.indexValueSchema)
+      open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows),
+      spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
+        index -> open(indexStoreName(spec.input, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
       }.toMap,
       visible)
   }
 
   /** The state to write this micro-batch's version of; aborted when the task ends without committing. */
-  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, conf: StateStoreConf, hadoopConf: Configuration,
+  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputStateWriter = {
-    def open(name: String, keySchema: StructType, valueSchema: StructType): StateStore = {
-      val store = StateStore.get(providerId(info, partition, name), keySchema, valueSchema, PrefixKeyScanStateEncoderSpec(keySchema, 1),
+    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): StateStore = {
+      val store = StateStore.get(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
       context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
       store
     }
-    val primary = open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output))
-    val indexes = spec.indexKeys.zipWithIndex.map { case ((c, key), position) =>
-      c -> open(indexStoreName(spec.input, position), spec.indexKeySchema(key), spec.indexValueSchema)
+    val primary = open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows)
+    val indexes = spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
+      index -> open(indexStoreName(spec.input, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
     }.toMap
     new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible), info.storeVersion)
   }
+
+  /** Every store is probed by prefix scans on all of its key's fields but the sequence number (and the primary's time). */
+  private def prefixed(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
+    PrefixKeyScanStateEncoderSpec(keySchema, keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
 
   private def providerId(info: StatefulOperatorStateInfo, partition: Int, name: String): StateStoreProviderId =
     StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name), info.queryRunId)
 }
 
 /** Writes one micro-batch's changes to a stream input's stores in one partition, then commits them. */
-final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[Int, StateStore], val state: InputState, version: Long) {
+final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
   private val partitionKeyOf = UnsafeProjection.create(Seq(spec.partitionKey), spec.output)
-  private val indexKeyOf = spec.indexKeys.map { case (c, key) => c -> UnsafeProjection.create(Seq(key), spec.output) }.toMap
   private val toStored = UnsafeProjection.create(spec.output, spec.output)
   private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
-  private val indexKey = spec.indexKeys.map { case (c, key) => c -> UnsafeProjection.create(spec.indexKeySchema(key).map(_.dataType).toArray) }.toMap
+  // An index's key for a row and its sequence number: the row joined with a one-field row holding the number.
+  private val indexKeyOf = spec.indexes.map { case (index, keys) =>
+    index -> UnsafeProjection.create(keys.map(BindReferences.bindReference(_, spec.output)) :+ BoundReference(spec.output.size, LongType, nullable = false))
+  }
   private val indexValue = UnsafeProjection.create(spec.indexValueSchema.map(_.dataType).toArray)
   private val values3 = new GenericInternalRow(3)
   private val values2 = new GenericInternalRow(2)
+  private val sequenceField = new GenericInternalRow(1)
+  private val rowAndSequence = new JoinedRow
   // Unique within the partition: the batch in the high bits, the row's place in it in the low ones.
   private var sequence = version << 32
+
+  private def indexKey(key: UnsafeProjection, row: InternalRow, sequence: Long): UnsafeRow = {
+    sequenceField.setLong(0, sequence)
+    key(rowAndSequence(row, sequenceField))
+  }
 
   /** Stores a row that arrived (its keys have no NULL), as of `nowMs`. */
   def put(row: InternalRow, nowMs: Long): Unit = {
@@ -138,13 +175,11 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     values3.update(1, sequence)
     values3.update(2, nowMs)
     primary.put(rowKey(values3), toStored(row))
-    indexes.foreach { case (c, store) =>
-      values2.update(0, indexKeyOf(c)(row).get(0, dataTypeOf(c)))
-      values2.update(1, sequence)
-      val key = indexKey(c)(values2).copy()
+    if (indexKeyOf.nonEmpty) {
       values2.update(0, partitionKey)
       values2.update(1, nowMs)
-      store.put(key, indexValue(values2))
+      val value = indexValue(values2)
+      indexKeyOf.foreach { case (index, key) => indexes(index).put(indexKey(key, row, sequence), value) }
     }
     sequence += 1
   }
@@ -155,11 +190,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     primary.iterator().foreach(pair => if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
     doomed.foreach { case (key, row) =>
       primary.remove(key)
-      indexes.foreach { case (c, store) =>
-        values2.update(0, indexKeyOf(c)(row).get(0, dataTypeOf(c)))
-        values2.update(1, key.getLong(1))
-        store.remove(indexKey(c)(values2))
-      }
+      indexKeyOf.foreach { case (index, indexKeyOfRow) => indexes(index).remove(indexKey(indexKeyOfRow, row, key.getLong(1))) }
     }
     doomed.size.toLong
   }
@@ -169,14 +200,12 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     indexes.values.foreach(_.commit())
   }
 
-  /** The stores beside the rows: the indexes. */
-  def auxiliary: Seq[StateStore] = indexes.toSeq.sortBy(_._1).map(_._2)
+  /** The stores beside the rows: the indexes, in the layout's order. */
+  def auxiliary: Seq[StateStore] = spec.indexes.map { case (index, _) => indexes(index) }
   def stores: Seq[StateStore] = primary +: auxiliary
   def rowCount: Long = primary.metrics.numKeys
-  def indexEntryCount: Long = indexes.values.map(_.metrics.numKeys).sum
+  def indexEntryCount: Long = rowCount * indexes.size
   def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
-
-  private def dataTypeOf(c: Int): DataType = spec.indexKeys.collectFirst { case (`c`, key) => key.dataType }.get
 }
 
 /**

@@ -7,18 +7,17 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Cast, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter, SQLShuffleWriteMetricsReporter}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 import org.apache.spark.sql.execution.umjoin.InMemoryStore
-import org.apache.spark.sql.types.{BinaryType, ByteType, DataType, IntegerType, LongType, ShortType}
+import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
 
 import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator}
-import umjoin.spark.planning.{InputKind, JoinGraph, Reach, RoutePlan, RoutedStep, Segment}
+import umjoin.spark.planning.{InputKind, JoinGraph, Reach, RoutePlan, RoutedStep, Segment, StoreIndex}
 import umjoin.spark.state.JoinStore
 
 /** One stream's route in a micro-batch: its probe steps, how each reaches its store, and the segments each task runs. */
@@ -66,9 +65,9 @@ final case class MicroBatchJob(
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
-  /** The steps (input probed, class probed by) each route takes in stage `stage`. */
-  def probesIn(stage: Int): Seq[(Int, Int, Int)] = routes.values.toSeq.flatMap { run =>
-    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.plan.steps(t).input, run.steps(t).lookupClass)))
+  /** The steps (route's start, input probed, index probed through) the routes take in stage `stage`. */
+  def probesIn(stage: Int): Seq[(Int, Int, StoreIndex)] = routes.values.toSeq.flatMap { run =>
+    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.plan.steps(t).input, run.steps(t).lookup)))
   }
 
   /** The input's expression for key class `c`. */
@@ -94,7 +93,7 @@ private[exec] final class StageTask(
     broadcastRows: Int => Array[InternalRow],
     shipped: () => Iterator[InternalRow],
     metrics: StageMetrics,
-    storeConf: StateStoreConf,
+    storeConfs: InputStateConf,
     hadoopConf: Configuration,
     statistics: Option[ProbeCountersAccumulator],
     committed: Seq[InputStateWriter] => Unit) {
@@ -111,10 +110,10 @@ private[exec] final class StageTask(
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   private def writerOf(j: Int): InputStateWriter =
-    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConf, hadoopConf, visible, context))
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs, hadoopConf, visible, context))
   private def stateOf(j: Int): InputState =
     if (isLast) writerOf(j).state
-    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConf, hadoopConf, visible, context))
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visible, context))
 
   /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
   private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
@@ -127,43 +126,43 @@ private[exec] final class StageTask(
     }
   }
 
-  /** `rows` of input j indexed in memory by each of `classes`, as the probe loop looks them up. */
-  private def indexInMemory(j: Int, rows: Iterator[InternalRow], classes: Seq[Int]): Map[Int, JoinStore] = {
-    val keys = classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j)))
-    val stores = InMemoryStore.build(rows, keys.map(k => UMJoinExec.hashable(Seq(k))), job.outputs(j), context)
-    classes.zip(stores).zip(keys).map { case ((cl, store), key) => cl -> StageTask.keyedAsBuilt(store, key.dataType) }.toMap
+  /** `rows` of input j indexed in memory by each of `indexes`, as the probe loop looks them up. */
+  private def indexInMemory(j: Int, rows: Iterator[InternalRow], indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
+    val keys = indexes.map(_.classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
+    val stores = InMemoryStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
+    indexes.zip(stores).zip(keys).map { case ((index, store), key) => index -> StageTask.keyedAsBuilt(store, key) }.toMap
   }
 
   // In-memory indexes, built when first probed: this batch's new rows of streams, and static tables.
   private val probed = job.probesIn(stage)
-  private val memoryIndexes = mutable.Map[Int, Map[Int, JoinStore]]()
-  private def inMemory(j: Int, c: Int): JoinStore = memoryIndexes.getOrElseUpdate(j, {
-    val classes = probed.collect { case (start, `j`, cl) if job.kinds(j) != InputKind.Stream || j < start => cl }.distinct
+  private val memoryIndexes = mutable.Map[Int, Map[StoreIndex, JoinStore]]()
+  private def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
+    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream || j < start => ix }.distinct
     val rows = job.kinds(j) match {
       case InputKind.Stream => fresh(j, None)
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
       case InputKind.StaticPartitioned => read(j)
     }
-    indexInMemory(j, rows, classes)
-  })(c)
+    indexInMemory(j, rows, indexes)
+  })(index)
 
   // A stream's stored rows, read into memory once where this partition holds few of them
   // (spark.umjoin.stateCacheRows): most probes of a multi-way join find nothing, and a hash lookup
   // costs far less than a seek in the state store's LSM-tree. The committed version is read, before
   // the last stage writes this batch's rows.
-  private val cachedState = mutable.Map[Int, Option[Map[Int, JoinStore]]]()
-  private def stored(j: Int, c: Int): JoinStore = cachedState.getOrElseUpdate(j, {
+  private val cachedState = mutable.Map[Int, Option[Map[StoreIndex, JoinStore]]]()
+  private def stored(j: Int, index: StoreIndex): JoinStore = cachedState.getOrElseUpdate(j, {
     CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows).map { n =>
       metrics.cachedStateRows += n
-      indexInMemory(j, stateOf(j).visibleRows(), probed.collect { case (_, `j`, cl) => cl }.distinct)
+      indexInMemory(j, stateOf(j).visibleRows(), probed.collect { case (_, `j`, ix) => ix }.distinct)
     }
-  }).map(_(c)).getOrElse(stateOf(j).storeFor(c))
+  }).map(_(index)).getOrElse(stateOf(j).storeFor(index))
 
-  /** The store a route from `start` probes input `input` through class `c` with (the delta rule: later starts see this batch's rows). */
-  private def storeFor(start: Int, input: Int, c: Int): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if input < start => new StageTask.Both(stored(input, c), inMemory(input, c))
-    case InputKind.Stream => stored(input, c)
-    case _ => inMemory(input, c)
+  /** The store a route from `start` probes input `input` through `index` with (the delta rule: later starts see this batch's rows). */
+  private def storeFor(start: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
+    case InputKind.Stream if input < start => new StageTask.Both(stored(input, index), inMemory(input, index))
+    case InputKind.Stream => stored(input, index)
+    case _ => inMemory(input, index)
   }
 
   /** This stage's part of each route, ready to run (compiled when first used). */
@@ -172,7 +171,7 @@ private[exec] final class StageTask(
     val run = job.routes(start)
     val segment = run.segments(stage)
     val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
-      (input, index) => storeFor(start, input, index.classes.head), identity, metrics.inputs, partition)
+      (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition)
     (segment, new ProbeCore(compiled, Option.when(stage == 0)(metrics.inputs(start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
@@ -302,11 +301,11 @@ private[exec] object StageTask {
     override def close(): Unit = ()
   }
 
-  /** An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the class's own type. */
-  def keyedAsBuilt(store: JoinStore, keyType: DataType): JoinStore =
-    if (!Seq(IntegerType, ShortType, ByteType).contains(keyType)) store
+  /** An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the classes' own types. */
+  def keyedAsBuilt(store: JoinStore, keys: Seq[Expression]): JoinStore =
+    if (UMJoinExec.hashable(keys) == keys) store
     else new JoinStore {
-      private val widen = UnsafeProjection.create(Seq(Cast(BoundReference(0, keyType, nullable = false), LongType)))
+      private val widen = UnsafeProjection.create(UMJoinExec.hashable(keys.zipWithIndex.map { case (k, i) => BoundReference(i, k.dataType, nullable = false) }))
       override def get(key: UnsafeRow): Iterator[InternalRow] = store.get(widen(key))
       override def isEmpty: Boolean = store.isEmpty
       override def keyCount: Long = store.keyCount

@@ -13,10 +13,10 @@ import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Dist
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore, StateStoreConf}
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
 
 import umjoin.spark.order.{ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
-import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StoreIndex, StreamingLayout}
+import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StreamingLayout}
 
 /**
  * The streaming UMJoin: one multi-way inner join over the streams (and static tables) of a TSC
@@ -68,7 +68,7 @@ case class StreamingUMJoinExec(
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.streams.flatMap { j =>
-    InputState.storeName(j) +: layout.indexClasses(j).indices.map(InputState.indexStoreName(j, _))
+    InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(j, _))
   }
 
   private def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
@@ -158,11 +158,12 @@ case class StreamingUMJoinExec(
       result = output,
       routes = routes.map { case (start, route) =>
         val steps = layout.steps(graph, route)
-        val lookup = route.order.tail.zip(steps.map(_.lookupClass)).toMap
-        start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(StoreIndex.single(lookup(input)))), steps, layout.segments(steps))
+        val lookup = route.order.tail.zip(steps.map(_.lookup)).toMap
+        start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(lookup(input))), steps, layout.segments(steps))
       },
       states = layout.streams.map { j =>
-        j -> InputStateSpec(j, outputs(j), partitionKey(j).get, layout.indexClasses(j).map(c => c -> graph.classes(c).keyOf(j).get))
+        j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
+          layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)))
       }.toMap,
       joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
       lateRows = lateRows.toIndexedSeq,
@@ -182,7 +183,7 @@ case class StreamingUMJoinExec(
       removed = longMetric("numRemovedStateRows"),
       stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
       indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")))
-    val storeConf = new StateStoreConf(conf)
+    val storeConfs = InputStateConf(conf)
     val serializableConf = new SerializableHadoopConf(hadoopConf)
     val self = this
 
@@ -194,7 +195,7 @@ case class StreamingUMJoinExec(
 
     def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
       new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
-        metrics, storeConf, serializableConf.value, statistics, writers => {
+        metrics, storeConfs, serializableConf.value, statistics, writers => {
           writers.foreach(w => self.setStoreMetrics(w.primary, false))
           writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
           self.setOperatorMetrics(writers.map(_.stores.size).sum)
@@ -213,7 +214,10 @@ case class StreamingUMJoinExec(
       val placement = layout.kinds(i) match {
         case InputKind.StaticBroadcast => "static, broadcast"
         case kind =>
-          val indexed = layout.indexClasses(i).map(c => graph.classes(c).keyOf(i).get)
+          val indexed = layout.indexes(i).map { ix =>
+            val keys = ix.classes.map(c => graph.classes(c).keyOf(i).get)
+            if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
+          }
           s"${if (kind == InputKind.Stream) "" else "static, "}partitioned by ${partitionKey(i).get}" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }

@@ -92,19 +92,19 @@ object ProbeCost {
    * Stored rows a route's lookups read, before their residual conditions: per step, the partial
    * combinations probing (as in Eq. 1, without chi: a combination sent to every partition reads
    * each partition's share) times the rows of one lookup, the store's rate over the distinct values
-   * of the class it is looked up by. That class is the store's partitioning class when the
-   * combination carries it, else the first class the step's edge shares (the store's index), as
-   * [[StreamingLayout.steps]] runs it. Eq. 1 counts probes only; this tells apart partitionings
-   * whose probes cost the same but read a low-cardinality key (a nation) where a selective one (a
-   * supplier) was at hand.
+   * of what it is looked up by. That is the store's partitioning class when the combination carries
+   * it, else every class of the store the combination carries (a composite index, as
+   * [[StreamingLayout.steps]] runs it by default), whose most selective class counts (as in
+   * [[JoinSizes]]). Eq. 1 counts probes only; this tells apart partitionings whose probes cost the
+   * same but read a low-cardinality key (a nation) where a selective one (a supplier) was at hand.
    */
   def scanned(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], route: ProbeRoute): Double = {
     val order = route.order
-    route.edges.zipWithIndex.map { case ((from, to), s) =>
+    route.edges.zipWithIndex.map { case ((_, to), s) =>
       val bound = order.take(s + 1).toSet
-      val lookup = partitioning(to).filter(c => graph.classes(c).exists(bound.contains))
-        .getOrElse(graph.classes.indices.find(c => graph.classes(c).contains(from) && graph.classes(c).contains(to)).get)
-      sizes.of(bound, graph.classes) / bound.size * sizes.rates(to) / sizes.distinct(lookup)
+      val carried = graph.classes.indices.filter(c => graph.classes(c).contains(to) && graph.classes(c).exists(bound.contains))
+      val lookup = partitioning(to).filter(carried.contains).map(Seq(_)).getOrElse(carried)
+      sizes.of(bound, graph.classes) / bound.size * sizes.rates(to) / lookup.map(sizes.distinct).max
     }.sum
   }
 

@@ -37,24 +37,24 @@ object Reach {
   case object AllPartitions extends Reach
 }
 
-/** One step of a route as it runs: how the combinations reach the store, and the class the store is probed by. */
-final case class RoutedStep(reach: Reach, lookupClass: Int)
+/** One step of a route as it runs: how the combinations reach the store, and the index (key classes) the store is probed by. */
+final case class RoutedStep(reach: Reach, lookup: StoreIndex)
 
 /** Steps [from, until) of a route, run in one task; then the combinations move by `next` (None: they are complete rows). */
 final case class Segment(from: Int, until: Int, next: Option[Reach])
 
 /**
  * How a streaming UMJoin keeps and probes its inputs: per input its kind, the key class its rows
- * are hash-partitioned on (None for a broadcast table), the further classes a stream's store is
- * indexed by (so that a row sent to all partitions finds its matches by a key it carries), and the
- * route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
+ * are hash-partitioned on (None for a broadcast table), the further indexes of a stream's store
+ * (so that a row sent to all partitions finds its matches by keys it carries; an index on several
+ * classes is one multi-column key), and the route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
  * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
  * laid out by it. `statistics` says what the model's figures were (shown in `explain()`).
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
     partitionClass: IndexedSeq[Option[Int]],
-    indexClasses: IndexedSeq[Seq[Int]],
+    indexes: IndexedSeq[Seq[StoreIndex]],
     routes: Map[Int, ProbeRoute],
     predictedCost: Double,
     statistics: String) {
@@ -64,25 +64,30 @@ final case class StreamingLayout(
   /**
    * The steps of `route`: a store partitioned on a class the combination carries is reached in its
    * partition (in the same task when the combination is there already) and probed by that class;
-   * any other is reached in all partitions and probed by an indexed class the combination carries.
+   * any other stream's store is reached in all partitions and probed by its widest index whose
+   * classes the combination all carries (one through the route's edge where there is one). A
+   * static table, indexed in memory per batch, is probed by every class of it the combination carries.
    */
   def steps(graph: JoinGraph, route: ProbeRoute): Seq[RoutedStep] = {
     def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
     var bound = classesOf(route.start)
     var location = partitionClass(route.start)
     route.edges.map { case (from, to) =>
-      val edge = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) && graph.classes(c).inputs.contains(to))
+      val carried = StoreIndex((classesOf(to) intersect bound).toSeq.sorted)
       val step = partitionClass(to) match {
-        case None => RoutedStep(Reach.Local, edge.head)
+        case None => RoutedStep(Reach.Local, carried)
         case Some(p) if bound.contains(p) =>
           val reach = if (location.contains(p)) Reach.Local else Reach.ByKey(p)
           location = Some(p)
-          RoutedStep(reach, p)
+          RoutedStep(reach, if (kinds(to) == InputKind.Stream) StoreIndex.single(p) else carried)
         case Some(p) =>
-          val usable = if (kinds(to) == InputKind.Stream) edge.filter(indexClasses(to).contains) else edge
           location = Some(p)
-          RoutedStep(Reach.AllPartitions, usable.headOption.getOrElse(throw new IllegalStateException(
-            s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no class its store is indexed by")))
+          val lookup = if (kinds(to) != InputKind.Stream) Some(carried) else {
+            val edge = classesOf(from) intersect classesOf(to)
+            indexes(to).filter(_.classes.forall(bound.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
+          }
+          RoutedStep(Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
+            s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
       }
       bound ++= classesOf(to)
       step
@@ -97,53 +102,71 @@ final case class StreamingLayout(
   }
 
   /**
-   * The probe steps this layout can run, for the adaptive policies: into a broadcast table through
-   * any shared class; into a partitioned input through its partitioning class, or through a class
-   * it is indexed by (a static table is indexed in memory by any).
+   * The probe steps this layout can run whatever was bound before, for the adaptive policies: into a
+   * static table through any shared class; into a stream's store through its partitioning class, or
+   * through an index all of whose classes the probing input carries itself.
    */
   def probeGraph(graph: JoinGraph): ProbeGraph = {
     val n = kinds.size
     ProbeGraph(n, for {
       from <- 0 until n
       to <- 0 until n
-      if from != to && graph.classes.exists { c =>
-        c.inputs.contains(from) && c.inputs.contains(to) && {
-          val index = graph.classes.indexOf(c)
-          kinds(to) != InputKind.Stream || partitionClass(to).contains(index) || indexClasses(to).contains(index)
-        }
-      }
+      shared = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) && graph.classes(c).inputs.contains(to))
+      if from != to && shared.nonEmpty && (kinds(to) != InputKind.Stream || partitionClass(to).exists(shared.contains) ||
+        indexes(to).exists(_.classes.forall(shared.contains)))
     } yield (from, to))
+  }
+
+  /** Whether `graph` (see [[probeGraph]]) has a route from every stream through all inputs: else an adaptive policy has nothing to choose. */
+  def routable(graph: ProbeGraph): Boolean = streams.forall { start =>
+    val reached = scala.collection.mutable.Set(start)
+    var grew = true
+    while (grew) {
+      val next = graph.edges.collect { case (f, t) if reached.contains(f) && !reached.contains(t) => t }
+      grew = next.nonEmpty
+      reached ++= next
+    }
+    reached.size == kinds.size
   }
 }
 
 object StreamingLayout {
 
-  /** The version of the state's layout this code writes and reads. */
-  val Format = 1
+  /** The version of the state's layout this code writes; it reads this one and the ones before (format 1: single-class indexes). */
+  val Format = 2
 
   /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
-   * route from [[ProbeCost.optimize]]; a stream's store is then indexed by each class a route probes
-   * it through when sending to all its partitions.
+   * route from [[ProbeCost.optimize]]; a stream's store is then indexed for each step of a route
+   * that reaches it in all its partitions. With `compositeIndexes` such an index covers every class
+   * of the store the combination carries there (one lookup finds exactly the rows agreeing on all
+   * of them, where one class alone may find many that a later condition drops: TPC-H Q9's lineitems
+   * of one supplier, 600 at SF 1, against 7.5 of one supplier and part); otherwise it is on one
+   * class the route's edge shares, which any input sharing that class can probe (what the adaptive
+   * policies need: they change routes within what the layout can probe).
    */
-  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int): StreamingLayout = {
+  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int,
+      compositeIndexes: Boolean): StreamingLayout = {
     val n = kinds.size
+    val classesOf = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
     val candidates = (0 until n).map { i =>
       if (kinds(i) == InputKind.StaticBroadcast) Nil
-      else graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i))
-        .sortBy(c => (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
+      else classesOf(i).sortBy(c => (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
     }
     val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
     val choice = ProbeCost.optimize(costGraph, sizes, partitions)
-    val everyClass = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
-    val provisional = StreamingLayout(kinds, choice.partitioning, everyClass, choice.routes, choice.cost, statistics)
+    // Every index a step could use; the routes' steps then pick theirs (the widest usable), and only those are kept.
+    val possible = classesOf.map { cs =>
+      if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
+    }
+    val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics)
     val indexes = (0 until n).map { i =>
       if (kinds(i) != InputKind.Stream) Nil
       else choice.routes.values.toSeq.flatMap { route =>
-        route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, c)) => c }
-      }.distinct.sorted
+        route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, ix)) => ix }
+      }.distinct.sortBy(_.classes.mkString(","))
     }
-    provisional.copy(indexClasses = indexes)
+    provisional.copy(indexes = indexes)
   }
 
   private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
@@ -157,7 +180,7 @@ object StreamingLayout {
         "kind" -> JString(layout.kinds(i).name),
         "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
         "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
-        "indexedBy" -> JArray(layout.indexClasses(i).map(key(i, _)).toList))
+        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList))
     }
     val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
       JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
@@ -180,8 +203,8 @@ object StreamingLayout {
     def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
     val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
     json \ "format" match {
-      case JInt(f) if f == Format =>
-      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version keeps format $Format)")
+      case JInt(f) if f >= 1 && f <= Format =>
+      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version reads formats 1 to $Format)")
       case _ => fail("its layout record has no format")
     }
     val recorded = json \ "inputs" match {
@@ -206,8 +229,12 @@ object StreamingLayout {
         case JString(k) => Some(classOf(i, k))
         case _ => None
       }
+      // Format 1 recorded an index as its one key; format 2 as the list of its keys.
       val indexes = item \ "indexedBy" match {
-        case JArray(ks) => ks.collect { case JString(k) => classOf(i, k) }
+        case JArray(ixs) => ixs.collect {
+          case JString(k) => StoreIndex.single(classOf(i, k))
+          case JArray(ks) => StoreIndex(ks.collect { case JString(k) => classOf(i, k) })
+        }
         case _ => Nil
       }
       (kind, partition, indexes)

@@ -21,6 +21,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.Streamin
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.exec.{StreamingUMJoinExec, StreamingUMJoinMemberExec}
+import umjoin.spark.order.ProbeOrderPolicy
 import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 
 /**
@@ -69,7 +70,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure, !conf.probeOrder.adaptive), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
       // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -131,8 +132,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     case other => other.nodeName
   }
 
-  /** The plan of a group, or why it cannot run as one StreamingUMJoin. */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput]): Either[String, StreamingGroupPlan] = {
+  /** The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes composite with `compositeIndexes`). */
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
+      compositeIndexes: Boolean): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val inputs = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf).toIndexedSeq
@@ -160,7 +162,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
             case None => estimatedSizes(inputs, kinds, graph)
           }
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions)
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes)
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
           chosen
         }
@@ -251,8 +253,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
-    val partitions = plan.identity.getStateInfo.numPartitions
+    val info = plan.identity.getStateInfo
+    val partitions = info.numPartitions
     val layout = plan.layout
+    // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
+    // policy's routes may not all reach (they change the inputs bound before a store).
+    val probeOrder = if (!conf.probeOrder.adaptive || layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
+      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its recorded routes instead of choosing them by " +
+        s"${conf.probeOrder.policy.name}: its checkpoint's state was laid out for the fixed probe order; use a new checkpoint location to probe adaptively"
+      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
+    }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
       layout.partitionClass(j) match {
         case Some(c) => partitionedBy(input, plan.graph.classes(c).keyOf(j).get, partitions)
@@ -267,7 +278,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       residuals = plan.graph.residuals.map(_.condition),
       residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
       layout = layout,
-      probeOrder = conf.probeOrder,
+      probeOrder = probeOrder,
       lateRows = plan.lateRows,
       evictable = plan.evictable,
       stateTtlMs = conf.stateTtlMs,
@@ -293,14 +304,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 }
 
 object StreamingUMJoinRule {
-  private val logged = mutable.LinkedHashSet[(UUID, String)]()
+  private val logged = mutable.LinkedHashSet[(UUID, String, Boolean)]()
 
-  /** Whether `message` is new for this query run: why a group stays as Spark planned it is logged once, not every micro-batch. */
-  def firstTime(runId: UUID, message: String): Boolean = logged.synchronized {
+  /**
+   * Whether `message` is new for this query run: what the rule says (why a group stays as Spark
+   * planned it, `unconverted`, or another note) is logged once, not every micro-batch.
+   */
+  def firstTime(runId: UUID, message: String, unconverted: Boolean = true): Boolean = logged.synchronized {
     if (logged.size > 10000) logged.clear()
-    logged.add((runId, message))
+    logged.add((runId, message, unconverted))
   }
 
   /** What stayed as Spark planned it in a query run, and why (the messages logged at INFO), in the order first seen. */
-  def unconverted(runId: UUID): Seq[String] = logged.synchronized(logged.toSeq.collect { case (`runId`, message) => message })
+  def unconverted(runId: UUID): Seq[String] = logged.synchronized(logged.toSeq.collect { case (`runId`, message, true) => message })
 }
