@@ -88,7 +88,7 @@ VALID_JOIN = "  - node: Join\n    role: join\n    when: {joinType: [Inner], equi
         ("plan: logical\nmembers:\n  - node: Joinn\n    role: join\n", "unknown node `Joinn`; logical plans know Filter, Join, Project"),
         ("plan: logical\nmembers:\n  - node: Project\n    role: join\n", "only join nodes have role `join`"),
         ("plan: logical\nmembers:\n  - node: Join\n    role: hub\n", "unknown role `hub`"),
-        ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {joinType: [LeftOuter]}\n", "LeftOuter cannot be a UMJoin member"),
+        ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {joinType: [FullOuter]}\n", "FullOuter cannot be a UMJoin member"),
         ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {equiJoinKey: false}\n", "remove the line to drop the check"),
         ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {attributesOnly: true}\n", "check `attributesOnly` does not apply to `Join`"),
         ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {fastest: true}\n", "unknown check `fastest`"),

@@ -76,11 +76,20 @@ def test_computed_projection_splits_groups(tables: dict[str, DataFrame]) -> None
     assert groups_of(df) == [["a+b+c", "d"], ["a", "b", "c"]]
 
 
-def test_outer_join_is_an_input_not_a_member(tables: dict[str, DataFrame]) -> None:
+def test_full_outer_join_is_an_input_not_a_member(tables: dict[str, DataFrame]) -> None:
     a, b, c, d = (tables[t] for t in "abcd")
-    outer = a.join(b, a["a_k"] == b["b_k"], "left")
+    outer = a.join(b, a["a_k"] == b["b_k"], "full")
     df = join(join(outer, c, "a", "c"), d, "c", "d")
     assert groups_of(df) == [["a+b", "c", "d"]]
+
+
+def test_left_outer_join_is_a_member_its_right_side_one_input(tables: dict[str, DataFrame]) -> None:
+    """The non-preserved side of a LEFT (or RIGHT) outer join is one input of the group, even a join tree."""
+    a, b, c, d = (tables[t] for t in "abcd")
+    df = join(join(a.join(b, a["a_k"] == b["b_k"], "left"), c, "a", "c"), d, "c", "d")
+    assert groups_of(df) == [["a", "b", "c", "d"]]
+    right = join(a, b, "a", "b").join(c, F.col("a_k") == F.col("c_k"), "right")
+    assert groups_of(join(right, d, "c", "d")) == [["a+b", "c", "d"], ["a", "b"]]
 
 
 def test_user_hint_keeps_the_join_out(tables: dict[str, DataFrame]) -> None:
@@ -100,9 +109,9 @@ def test_plan_without_joins_comes_back_unchanged(tables: dict[str, DataFrame]) -
     assert [n.text for n in converted.walk()] == [n.text for n in _analyzed(df).walk()]
 
 
-def test_plan_with_only_outer_joins_comes_back_unchanged(tables: dict[str, DataFrame]) -> None:
+def test_plan_with_only_full_outer_joins_comes_back_unchanged(tables: dict[str, DataFrame]) -> None:
     a, b, c = (tables[t] for t in "abc")
-    df = a.join(b, a["a_k"] == b["b_k"], "left").join(c, F.col("a_k") == c["c_k"], "full")
+    df = a.join(b, a["a_k"] == b["b_k"], "full").join(c, F.col("a_k") == c["c_k"], "full")
     groups, converted = plans.tsc_groups(df, stage="analyzed")
     assert groups == []
     assert [n.text for n in converted.walk()] == [n.text for n in _analyzed(df).walk()]

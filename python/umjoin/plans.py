@@ -63,7 +63,7 @@ class PlanNode:
 class UMJoinInput:
     label: str
     placement: str  # streamed | broadcast | partitioned
-    join_type: str  # Inner, or LeftSemi / LeftAnti for the right side of a semi or anti join (a filter)
+    join_type: str  # Inner; LeftSemi / LeftAnti for the right side of a semi or anti join (a filter); LeftOuter for an outer join's padded side
     store_keys: tuple[str, ...]
     probe_keys: tuple[str, ...]
     conditions: tuple[str, ...]

@@ -2,27 +2,31 @@ package umjoin.spark.exec
 
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, JoinedRow, Predicate, UnsafeProjection}
-import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftSemi}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftOuter, LeftSemi}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 import umjoin.spark.order.ProbeCounters
 import umjoin.spark.planning.{RoutePlan, StoreIndex}
 import umjoin.spark.state.JoinStore
 
-/** Counters of one input, shown as SQL metrics of the UMJoin node. */
-final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric)
+/** Counters of one input, shown as SQL metrics of the UMJoin node (`nullPadded`: an outer join's non-preserved side's). */
+final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric,
+    nullPadded: Option[SQLMetric] = None)
 
 /**
  * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
  * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
  * none), and `from`, the route's edge source the statistics are kept for. A LeftSemi or LeftAnti
- * step only lets the combination go on (once) or not, binding nothing.
+ * step only lets the combination go on (once) or not, binding nothing. A LeftOuter step binds each
+ * row satisfying `condition` (its ON clause), or `nullRow` when none does, and lets the combination
+ * go on where `post` holds (null: always).
  */
 final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
-    val metrics: InputMetrics, val joinType: JoinType) {
+    val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow) {
   val semi: Boolean = joinType == LeftSemi
   val anti: Boolean = joinType == LeftAnti
+  val outer: Boolean = joinType == LeftOuter
 }
 
 /** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
@@ -71,8 +75,10 @@ object CompiledRoute {
     }.orNull
     val steps = (from until until).map { s =>
       val step = plan.steps(s)
+      val attrs = prefixes(s) ++ outputs(step.input)
       new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
-        predicate(step.conditions, prefixes(s) ++ outputs(step.input)), metrics(step.input), step.joinType)
+        predicate(step.conditions, attrs), metrics(step.input), step.joinType, predicate(step.postConditions, attrs),
+        new GenericInternalRow(outputs(step.input).size))
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
     val output = if (until == plan.steps.size) result else prefixes(until)
@@ -110,7 +116,7 @@ final class ProbeCore(
     rerouting: Option[Rerouting] = None) {
 
   def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
-    if (initial.steps.exists(s => s.store.isEmpty && !s.anti)) Iterator.empty else new Combinations(streamed)
+    if (initial.steps.exists(s => s.store.isEmpty && !s.anti && !s.outer)) Iterator.empty else new Combinations(streamed)
 
   private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
     private var route = initial
@@ -120,6 +126,8 @@ final class ProbeCore(
     private val joined = Array.fill(depth)(new JoinedRow)
     private val candidates = new Array[Iterator[InternalRow]](depth)
     private val found = new Array[Long](depth)
+    // Per outer step: whether a stored row satisfied its ON clause for the current combination.
+    private val anyMatch = new Array[Boolean](depth)
     // The step whose candidates are tried next; -1: take the next streamed row.
     private var level = -1
     private var ready = false
@@ -185,14 +193,40 @@ final class ProbeCore(
       val key = step.probeKey(bound(k))
       candidates(k) = if (key.anyNull) Iterator.empty else step.store.get(key)
       found(k) = 0
+      anyMatch(k) = false
     }
 
     /**
      * Binds the next stored row of step k that satisfies its conditions. A semi step goes on once
-     * at its first such row, an anti step once if there is none; neither binds a row.
+     * at its first such row, an anti step once if there is none; neither binds a row. An outer step
+     * binds, once its rows ran out without one satisfying its ON clause, a row of NULLs.
      */
     private def nextMatch(k: Int): Boolean = {
       val step = route.steps(k)
+      if (step.outer) {
+        while (candidates(k) != null && candidates(k).hasNext) {
+          val row = joined(k)(bound(k), candidates(k).next())
+          if (step.condition == null || step.condition.eval(row)) {
+            step.metrics.matches += 1
+            anyMatch(k) = true
+            if (step.post == null || step.post.eval(row)) {
+              found(k) += 1
+              bound(k + 1) = row
+              return true
+            }
+          }
+        }
+        if (candidates(k) == null || anyMatch(k)) return false
+        candidates(k) = null  // the NULL row is bound once
+        step.metrics.nullPadded.foreach(_ += 1)
+        val row = joined(k)(bound(k), step.nullRow)
+        if (step.post == null || step.post.eval(row)) {
+          found(k) += 1
+          bound(k + 1) = row
+          return true
+        }
+        return false
+      }
       if (step.semi || step.anti) {
         if (candidates(k) == null) return false  // this combination went on already
         var matched = false

@@ -8,7 +8,7 @@ import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BindReferences, BoundReference, Cast, Expression}
 import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode, GenerateUnsafeProjection}
-import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftSemi}
+import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftOuter, LeftSemi}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, BroadcastMode, ClusteredDistribution, Distribution, IdentityBroadcastMode, Partitioning, PartitioningCollection, UnknownPartitioning, UnspecifiedDistribution}
 import org.apache.spark.sql.execution.{CodegenSupport, SQLExecution, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelationBroadcastMode
@@ -25,7 +25,9 @@ import umjoin.spark.state.{JoinStore, JoinStores, StateBackend, StoreMetrics}
  * The batch UMJoin: one multi-way join over `children` (the inputs of a TSC group). The join
  * is its key classes (`classInputs(c)` take part in class c with `classKeys(c)`) and residual
  * conditions; `filters` are the inputs of its LEFT SEMI and LEFT ANTI joins, probed last, which
- * let a combination through or not and add no columns. Every input but the streamed one (`route.start`) is kept in stores, one per key class
+ * let a combination through or not and add no columns; `outerJoins` the non-preserved inputs of its
+ * outer joins with their ON clauses' key classes (`residualOuter`: which residuals are whose ON
+ * clause), probed once their ON clauses can be evaluated, binding a row of NULLs where nothing matches. Every input but the streamed one (`route.start`) is kept in stores, one per key class
  * in `indexes`. A partitioned input's partition is stored per task, in stores of
  * `spark.umjoin.stateBackend` that live as long as the task. A broadcast input stored under one key
  * class is Spark's hash table on that key, built once and shared by the tasks of an executor; one
@@ -47,6 +49,8 @@ case class UMJoinExec(
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
     filters: Map[Int, JoinType],
+    outerJoins: Map[Int, Seq[Int]],
+    residualOuter: Seq[Option[Int]],
     indexes: Seq[Seq[StoreIndex]],
     route: ProbeRoute,
     probeOrder: ProbeOrderSettings,
@@ -59,7 +63,12 @@ case class UMJoinExec(
   private def streamed: Int = route.start
 
   /** The join the node computes: its key classes and residual conditions. */
-  def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters)
+  def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters, outerJoins, residualOuter)
+
+  /** The inputs' columns as the probe loop binds them: an outer join's non-preserved side's may be NULL (its padding row). */
+  private def boundOutputs: Seq[Seq[Attribute]] = children.indices.map { i =>
+    if (outerJoins.contains(i)) children(i).output.map(_.withNullability(true)) else children(i).output
+  }
 
   private lazy val initialPlan: RoutePlan = ProbeSteps.along(joinGraph, route, indexes)
 
@@ -68,10 +77,13 @@ case class UMJoinExec(
     else partitionKeys(i).map(k => ClusteredDistribution(Seq(k))).getOrElse(UnspecifiedDistribution)
   }
 
-  /** Output rows keep the partitioning of the inputs that are not broadcast, where it is still visible. */
+  /**
+   * Output rows keep the partitioning of the inputs that are not broadcast, where it is still
+   * visible; not an outer join's padded side's: its NULL rows lie where their preserved rows do.
+   */
   override def outputPartitioning: Partitioning = {
     val outputSet = AttributeSet(output)
-    val local = children.indices.filterNot(broadcast).map(children(_).outputPartitioning)
+    val local = children.indices.filterNot(i => broadcast(i) || outerJoins.contains(i)).map(children(_).outputPartitioning)
     val visible = local.filter {
       case e: Expression => e.references.subsetOf(outputSet)
       case _ => true
@@ -98,12 +110,13 @@ case class UMJoinExec(
           s"in${i}DiskBytes" -> SQLMetrics.createSizeMetric(sparkContext, s"$name: RocksDB bytes on disk"),
           s"in${i}CacheHits" -> SQLMetrics.createMetric(sparkContext, s"$name: RocksDB block cache hits"),
           s"in${i}CacheMisses" -> SQLMetrics.createMetric(sparkContext, s"$name: RocksDB block cache misses"),
-          s"in${i}Spills" -> SQLMetrics.createMetric(sparkContext, s"$name: stores moved to RocksDB"))
+          s"in${i}Spills" -> SQLMetrics.createMetric(sparkContext, s"$name: stores moved to RocksDB")) ++
+          (if (outerJoins.contains(i)) Seq(s"in${i}NullPadded" -> SQLMetrics.createMetric(sparkContext, s"$name: rows padded with NULLs")) else Nil)
       }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     metrics(s"in${i}RowsIn"), metrics(s"in${i}Probes"), metrics(s"in${i}Matches"),
-    metrics(s"in${i}EarlyStops"), metrics(s"in${i}StoreSize"))
+    metrics(s"in${i}EarlyStops"), metrics(s"in${i}StoreSize"), metrics.get(s"in${i}NullPadded"))
 
   private def storeMetrics(i: Int): StoreMetrics = StoreMetrics(
     metrics(s"in${i}MemtableBytes"), metrics(s"in${i}DiskBytes"), metrics(s"in${i}CacheHits"),
@@ -148,7 +161,7 @@ case class UMJoinExec(
     val local = children.indices.filterNot(broadcast)
     // Everything the tasks need, copied out of the plan so the closure does not capture it.
     val (graph, indexed, start, settings, resultAttrs, storesOf) = (joinGraph, indexes, route, probeOrder, output, taskStores)
-    val outputs = children.map(_.output)
+    val outputs = boundOutputs
     val allMetrics = children.indices.map(inputMetrics)
     val (numOutputRows, routeChanges) = (metrics("numOutputRows"), metrics("routeChanges"))
     val structure = if (UMJoinConf.from(conf).stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
@@ -186,7 +199,8 @@ case class UMJoinExec(
     val streamedRDDs = children(streamed).asInstanceOf[CodegenSupport].inputRDDs()
     val partitioned = children.indices.filter(i => i != streamed && !broadcast(i))
     val (storesOf, probed, planId) = (taskStores, initialPlan.steps.map(s => (s.input, s.index)), id)
-    val emptyEndsAll = initialPlan.steps.map(_.joinType != LeftAnti).toArray  // an empty anti join's store filters nothing
+    // An empty store filters nothing at an anti join, and pads every combination at an outer join.
+    val emptyEndsAll = initialPlan.steps.map(s => s.joinType != LeftAnti && s.joinType != LeftOuter).toArray
     val zipped = new ZippedInputsRDD[Any, Any]((streamedRDDs.head +: partitioned.map(children(_).execute())).map(_.asInstanceOf[RDD[Any]]), {
       (context, iterators) =>
         val indexOf = storesOf(context, i => iterators(1 + partitioned.indexOf(i)).asInstanceOf[Iterator[InternalRow]])
@@ -271,32 +285,58 @@ case class UMJoinExec(
         val (matches, one, found, storedRow) = (ctx.freshName("matches"), ctx.freshName("one"), ctx.freshName("found"), ctx.freshName("storedRow"))
         ctx.INPUT_ROW = storedRow
         ctx.currentVars = null
-        val storedAttrs = children(step.input).output
+        val storedAttrs = boundOutputs(step.input)
         val storedVars = storedAttrs.zipWithIndex.map { case (a, i) => BoundReference(i, a.dataType, a.nullable).genCode(ctx) }
         val (nextAttrs, nextVars) = (attrs ++ storedAttrs, vars ++ storedVars)
-        // A semi or anti step only looks for one matching row; the combination goes on with the rows bound before.
-        def matched: String =
-          if (step.binds) s"""
-             |${metricTerm(ctx, s"${m}Matches")}.add(1);
+        // An outer step's combinations go on from two places, each matching row and the NULL row: the
+        // bound rows' columns are evaluated before both, and the rest of the route is generated for each.
+        val anyMatch = ctx.freshName("anyMatch")
+        val (evaluatedForBoth, outerDeclarations) =
+          if (step.joinType == LeftOuter) (evaluateVariables(vars), s"boolean $anyMatch = false;") else ("", "")
+        def goesOn(rowVars: Seq[ExprCode]): String = s"""
              |$found++;
-             |${steps(k + 1, nextAttrs, nextVars)}
+             |${steps(k + 1, attrs ++ storedAttrs, vars ++ rowVars)}
            """.stripMargin
-          else s"""
+        // A semi or anti step only looks for one matching row; the combination goes on with the rows bound before.
+        def matched: String = step.joinType match {
+          case LeftOuter => s"""
+             |${metricTerm(ctx, s"${m}Matches")}.add(1);
+             |$anyMatch = true;
+             |${where(step.postConditions, nextAttrs, nextVars, goesOn(storedVars))}
+           """.stripMargin
+          case LeftSemi | LeftAnti => s"""
              |${metricTerm(ctx, s"${m}Matches")}.add(1);
              |$found++;
              |break;
            """.stripMargin
+          case _ => s"""
+             |${metricTerm(ctx, s"${m}Matches")}.add(1);
+             |${goesOn(storedVars)}
+           """.stripMargin
+        }
+        val earlyStop = s"${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
         val goOn = step.joinType match {
-          case LeftSemi => s"if ($found > 0L) {\n${steps(k + 1, attrs, vars)}\n} else ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
-          case LeftAnti => s"if ($found == 0L) {\n${steps(k + 1, attrs, vars)}\n} else ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
-          case _ => s"if ($found == 0L) ${metricTerm(ctx, s"${m}EarlyStops")}.add(1);"
+          case LeftSemi => s"if ($found > 0L) {\n${steps(k + 1, attrs, vars)}\n} else $earlyStop"
+          case LeftAnti => s"if ($found == 0L) {\n${steps(k + 1, attrs, vars)}\n} else $earlyStop"
+          case LeftOuter =>
+            val nulls = storedAttrs.map(a => ExprCode.forNullValue(a.dataType))
+            s"""
+               |if (!$anyMatch) {
+               |  ${metricTerm(ctx, s"${m}NullPadded")}.add(1);
+               |  ${where(step.postConditions, attrs ++ storedAttrs, vars ++ nulls, goesOn(nulls))}
+               |}
+               |if ($found == 0L) $earlyStop
+             """.stripMargin
+          case _ => s"if ($found == 0L) $earlyStop"
         }
         // Rows of the store stay valid until its next lookup, so a match is used before the next is read.
         s"""
            |${metricTerm(ctx, s"${m}Probes")}.add(1);
            |$keyInputs
+           |$evaluatedForBoth
            |${key.code}
            |long $found = 0L;
+           |$outerDeclarations
            |if (!${key.value}.anyNull()) {
            |  scala.collection.Iterator $matches = null;
            |  InternalRow $one = null;
@@ -344,7 +384,7 @@ case class UMJoinExec(
     (s"$formattedNodeName" +: lines).mkString("\n") + "\n"
   }
 
-  private def allConditions: Seq[Expression] = initialPlan.startConditions ++ initialPlan.steps.flatMap(_.conditions)
+  private def allConditions: Seq[Expression] = initialPlan.startConditions ++ initialPlan.steps.flatMap(s => s.conditions ++ s.postConditions)
 
   /** The node as the Python side reads it (TreeNode.toJSON cannot render these fields itself). */
   override def jsonFields: List[JField] = List(
@@ -358,17 +398,19 @@ case class UMJoinExec(
       JObject(
         "label" -> JString(inputLabels(i)),
         "placement" -> JString(if (i == streamed) "streamed" else if (broadcast(i)) "broadcast" else "partitioned"),
-        "joinType" -> JString(filters.get(i).map(_.toString).getOrElse("Inner")),
+        "joinType" -> JString(joinGraph.stepType(i).toString),
         "partitionKey" -> partitionKeys(i).map(k => JString(k.toString)).getOrElse(JNull),
         "storeKeys" -> JArray(step.toList.flatMap(s => s.index.classes.map(c => JString(joinGraph.classes(c).keyOf(i).get.toString)))),
         "probeKeys" -> JArray(step.toList.flatMap(s => s.probeKeys.map(k => JString(k.toString)))),
-        "conditions" -> JArray((if (i == streamed) initialPlan.startConditions else step.toSeq.flatMap(_.conditions)).map(e => JString(e.toString)).toList))
+        "conditions" -> JArray((if (i == streamed) initialPlan.startConditions else step.toSeq.flatMap(s => s.conditions ++ s.postConditions))
+          .map(e => JString(e.toString)).toList))
     }.toList))
 
-  /** How a filter input's step lets combinations through: ` (semi)` or ` (anti)`; nothing for a joined input. */
-  private def filterText(i: Int): String = filters.get(i) match {
-    case Some(LeftSemi) => " (semi)"
-    case Some(LeftAnti) => " (anti)"
+  /** How an input's step treats combinations, where it is not an inner join: ` (semi)`, ` (anti)` or ` (outer)`. */
+  private def filterText(i: Int): String = joinGraph.stepType(i) match {
+    case LeftSemi => " (semi)"
+    case LeftAnti => " (anti)"
+    case LeftOuter => " (outer)"
     case _ => ""
   }
 
@@ -384,7 +426,12 @@ case class UMJoinExec(
 
   private def conditionText(maxFields: Int): String =
     ((if (initialPlan.startConditions.isEmpty) Nil else Seq(s"#$streamed: ${initialPlan.startConditions.mkString(" AND ")}")) ++
-      initialPlan.steps.filter(_.conditions.nonEmpty).map(s => s"#${s.input}: ${s.conditions.mkString(" AND ")}")).take(maxFields).mkString("; ")
+      initialPlan.steps.flatMap { s =>
+        // An outer input's ON clause decides what matches; its other conditions drop combinations after that.
+        val on = if (s.joinType == LeftOuter) " ON" else ""
+        (if (s.conditions.isEmpty) Nil else Seq(s"#${s.input}$on: ${s.conditions.mkString(" AND ")}")) ++
+          (if (s.postConditions.isEmpty) Nil else Seq(s"#${s.input}: ${s.postConditions.mkString(" AND ")}"))
+      }).take(maxFields).mkString("; ")
 
   override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): UMJoinExec =
     copy(children = newChildren)

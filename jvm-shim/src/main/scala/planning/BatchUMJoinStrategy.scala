@@ -2,9 +2,9 @@ package umjoin.spark.planning
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{IsNotNull, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Expression, IsNotNull, PredicateHelper}
 import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
-import org.apache.spark.sql.catalyst.plans.{LeftAnti, LeftSemi}
+import org.apache.spark.sql.catalyst.plans.{Cross, Inner, LeftAnti, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.plans.physical.BroadcastDistribution
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
@@ -45,22 +45,24 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   /** The plan this group runs with, or why it cannot run as one UMJoin. */
   private def tryPlan(group: MultiJoinGroup[LogicalPlan]): Either[String, UMJoinPlan] = {
     val inputs = group.inputs
-    val (filtering, joining) = group.members.partition {
-      case j: Join => j.joinType == LeftSemi || j.joinType == LeftAnti
-      case _ => false
+    def conditionOf(j: Join): Seq[Expression] = j.condition.toSeq.flatMap(splitConjunctivePredicates)
+    // A semi, anti or outer join's non-preserved side stays one input of the group (TSC keeps it out):
+    // the input a semi or anti join filters by, or an outer join pads with NULLs where nothing matches.
+    val filterJoins = group.members.collect {
+      case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti => FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, conditionOf(j))
     }
-    val conjuncts = joining.flatMap {
-      case j: Join => j.condition.toSeq.flatMap(splitConjunctivePredicates)
+    val outerJoins = group.members.collect {
+      case j: Join if j.joinType == LeftOuter => OuterJoin(inputs.indexWhere(_ eq j.right), conditionOf(j))
+      case j: Join if j.joinType == RightOuter => OuterJoin(inputs.indexWhere(_ eq j.left), conditionOf(j))
+    }
+    val conjuncts = group.members.flatMap {
+      case j: Join if j.joinType == Inner || j.joinType == Cross => conditionOf(j)
       case f: Filter => splitConjunctivePredicates(f.condition)
       case _ => Nil
     }
-    // A semi or anti join's right side stays one input of the group (TSC keeps it out): that input filters.
-    val filterJoins = filtering.collect { case j: Join =>
-      FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, j.condition.toSeq.flatMap(splitConjunctivePredicates))
-    }
     val sqlConf = session.sessionState.conf
     for {
-      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output, filterJoins)
+      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output, filterJoins, outerJoins)
       facts = inputs.map(i => InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
       plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
       plan <- plans.find(keepsExistingBroadcasts(inputs, _))
@@ -134,6 +136,8 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       residuals = graph.residuals.map(_.condition),
       residualInputs = graph.residuals.map(_.inputs.toSeq.sorted),
       filters = graph.filters,
+      outerJoins = graph.outer,
+      residualOuter = graph.residuals.map(_.outer),
       indexes = plan.indexes,
       route = plan.route,
       probeOrder = probeOrder,

@@ -4,7 +4,7 @@ import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, EqualTo, Expression, KnownFloatingPointNormalized, SubqueryExpression}
 import org.apache.spark.sql.catalyst.optimizer.NormalizeNaNAndZero
-import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftSemi}
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftAnti, LeftOuter, LeftSemi}
 import org.apache.spark.sql.catalyst.util.UnsafeRowUtils
 import org.apache.spark.sql.types.{ArrayType, DataType, DoubleType, FloatType, MapType, StructType, UserDefinedType}
 
@@ -18,8 +18,12 @@ final case class KeyClass(members: Seq[(Int, Expression)]) {
   def keyOf(input: Int): Option[Expression] = members.collectFirst { case (`input`, e) => e }
 }
 
-/** A condition that is not an equi-join key; it is evaluated once all `inputs` are bound. */
-final case class ResidualCondition(condition: Expression, inputs: Set[Int])
+/**
+ * A condition that is not an equi-join key; it is evaluated once all `inputs` are bound. `outer`:
+ * the outer input whose ON clause it belongs to, so that it decides which of that input's rows
+ * match (a combination none matches goes on with NULLs) instead of dropping combinations.
+ */
+final case class ResidualCondition(condition: Expression, inputs: Set[Int], outer: Option[Int] = None)
 
 /**
  * A LEFT SEMI or LEFT ANTI join inside a group: `input` is its non-preserved side, and
@@ -29,18 +33,39 @@ final case class ResidualCondition(condition: Expression, inputs: Set[Int])
 final case class FilterJoin(input: Int, joinType: JoinType, conditions: Seq[Expression])
 
 /**
+ * A LEFT OUTER join inside a group (a RIGHT OUTER one with its sides swapped): `input` is its
+ * non-preserved side, `conditions` its ON clause's conjuncts. A combination of the preserved
+ * side's inputs goes on with each row of `input` satisfying them all, or once with NULLs for
+ * `input`'s columns when none does.
+ */
+final case class OuterJoin(input: Int, conditions: Seq[Expression])
+
+/**
  * The join graph of a candidate group: which inputs share which key classes, and what else must
  * hold. Built from the inputs' output attributes and all conjuncts of the group's joins and filters,
  * so it serves logical (batch) and physical (streaming) plans alike. `filters` are the inputs that
  * only filter (semi and anti joins, by input): their keys are members of the classes of the keys
  * they are compared with (so they can be co-partitioned and probed by them) but never make two
  * classes one, and their other conditions are residuals that include them.
+ *
+ * `outer` maps the non-preserved input of each outer join to the classes of its ON clause's equi
+ * keys. A NULL-padded row breaks what a class means (its members equal), so every equality with
+ * an outer input's expression is a class of its own, of exactly that pair, never merged with
+ * another: the value it is probed by is then always the expression of the input bound first (for
+ * an ON key, the preserved side's), NULL where that input was padded.
  */
 final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Seq[ResidualCondition],
-    filters: Map[Int, JoinType] = Map.empty) {
+    filters: Map[Int, JoinType] = Map.empty, outer: Map[Int, Seq[Int]] = Map.empty) {
 
   /** Inputs whose rows are bound into combinations: all but the filters. */
   def joined: Seq[Int] = (0 until numInputs).filterNot(filters.contains)
+
+  /** How input i's step treats a combination: Inner, LeftSemi or LeftAnti (a filter), LeftOuter (an outer join's non-preserved side). */
+  def stepType(i: Int): JoinType = filters.getOrElse(i, if (outer.contains(i)) LeftOuter else Inner)
+
+  /** The inputs an outer input's ON clause reads besides it: all bound before it is probed. */
+  def onInputs(outerInput: Int): Set[Int] =
+    (outer(outerInput).flatMap(c => classes(c).inputs) ++ residuals.filter(_.outer.contains(outerInput)).flatMap(_.inputs)).toSet - outerInput
 
   /**
    * Every joined input reachable from every other through key classes (no cartesian step needed),
@@ -74,11 +99,14 @@ object JoinGraph {
    * node's fields, so that Catalyst's expression transforms reach them).
    */
   def fromFields(numInputs: Int, classInputs: Seq[Seq[Int]], classKeys: Seq[Seq[Expression]],
-      residuals: Seq[Expression], residualInputs: Seq[Seq[Int]], filters: Map[Int, JoinType] = Map.empty): JoinGraph =
+      residuals: Seq[Expression], residualInputs: Seq[Seq[Int]], filters: Map[Int, JoinType] = Map.empty,
+      outer: Map[Int, Seq[Int]] = Map.empty, residualOuter: Seq[Option[Int]] = Nil): JoinGraph =
     JoinGraph(numInputs,
       classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
-      residuals.zip(residualInputs).map { case (condition, inputs) => ResidualCondition(condition, inputs.toSet) },
-      filters)
+      residuals.zip(residualInputs).zipWithIndex.map { case ((condition, inputs), k) =>
+        ResidualCondition(condition, inputs.toSet, residualOuter.lift(k).flatten)
+      },
+      filters, outer)
 
   /**
    * Builds the graph, or explains why the group cannot run as one inner multi-way join. The group's
@@ -87,14 +115,14 @@ object JoinGraph {
    * refers to input attributes only, and `output` comes from the inputs.
    */
   def build(inputOutputs: Seq[Seq[Attribute]], conjuncts: Seq[Expression], output: Seq[Attribute],
-      filterJoins: Seq[FilterJoin] = Nil): Either[String, JoinGraph] = {
+      filterJoins: Seq[FilterJoin] = Nil, outerJoins: Seq[OuterJoin] = Nil): Either[String, JoinGraph] = {
     val inputSets = inputOutputs.map(AttributeSet(_))
     val allInputs = AttributeSet(inputOutputs.flatten)
     def inputsOf(e: Expression): Set[Int] =
       inputSets.indices.filter(i => e.references.exists(inputSets(i).contains)).toSet
 
     // Named by their SQL, without expression ids: a streaming query's ids change every micro-batch, its reasons are told once.
-    val unsafe = (conjuncts ++ filterJoins.flatMap(_.conditions)).collectFirst {
+    val unsafe = (conjuncts ++ filterJoins.flatMap(_.conditions) ++ outerJoins.flatMap(_.conditions)).collectFirst {
       case c if !c.deterministic => s"condition ${c.sql} is not deterministic"
       case c if SubqueryExpression.hasSubquery(c) => s"condition ${c.sql} contains a subquery"
       case c if !c.references.subsetOf(allInputs) => s"condition ${c.sql} refers to attributes outside the group's inputs"
@@ -103,18 +131,37 @@ object JoinGraph {
     }).orElse(filterJoins.collectFirst {
       case f if f.joinType != LeftSemi && f.joinType != LeftAnti => s"a ${f.joinType.sql} join cannot filter a group"
       case f if output.exists(a => inputSets(f.input).contains(a)) => s"the output takes columns of the ${f.joinType.sql} join's right side"
+    }).orElse(filterJoins.collectFirst {
+      case f if f.conditions.flatMap(inputsOf).exists(i => outerJoins.exists(_.input == i)) =>
+        s"the ${f.joinType.sql} join's condition reads the non-preserved side of an outer join"
     })
     unsafe match {
       case Some(reason) => Left(reason)
       case None =>
+        val outerInputs = outerJoins.map(_.input).toSet
         val edges = mutable.ArrayBuffer[((Int, Expression), (Int, Expression))]()
+        val pairs = mutable.ArrayBuffer[KeyClass]()  // equalities with an outer input's expression: classes of their own
         val residuals = mutable.ArrayBuffer[ResidualCondition]()
         conjuncts.foreach {
           case EqualTo(l, r) if isKeyPair(l, r, inputsOf) =>
-            edges += (((inputsOf(l).head, normalized(l)), (inputsOf(r).head, normalized(r))))
+            val (a, b) = ((inputsOf(l).head, normalized(l)), (inputsOf(r).head, normalized(r)))
+            if (outerInputs.contains(a._1) || outerInputs.contains(b._1)) pairs += KeyClass(Seq(a, b)) else edges += ((a, b))
           case c => residuals += ResidualCondition(c, inputsOf(c))
         }
-        val classes = mutable.ArrayBuffer(keyClasses(edges.toSeq): _*)
+        val classes = mutable.ArrayBuffer(keyClasses(edges.toSeq) ++ pairs: _*)
+        // An ON clause's key between the outer input and another input is a class of that pair, probed by the
+        // other input's expression; every other conjunct decides with the outer input's row which of its rows match.
+        val onClasses = outerJoins.map { o =>
+          o.input -> o.conditions.flatMap {
+            case EqualTo(l, r) if isKeyPair(l, r, inputsOf) && (inputsOf(l) == Set(o.input)) != (inputsOf(r) == Set(o.input)) =>
+              val (mine, other) = if (inputsOf(l) == Set(o.input)) (l, r) else (r, l)
+              classes += KeyClass(Seq((inputsOf(other).head, normalized(other)), (o.input, normalized(mine))))
+              Some(classes.size - 1)
+            case c =>
+              residuals += ResidualCondition(c, inputsOf(c) + o.input, Some(o.input))
+              None
+          }
+        }.toMap
         filterJoins.foreach { f =>
           val filtered = mutable.Set[Expression]()  // the filter's key expressions (canonical) already in a class
           f.conditions.foreach { c =>
@@ -122,7 +169,8 @@ object JoinGraph {
               case Some((joined, key)) if !filtered.contains(key.canonicalized) =>
                 filtered += key.canonicalized
                 val (member, other) = ((f.input, normalized(key)), (joined._1, normalized(joined._2)))
-                classes.indexWhere(_.members.exists { case (i, e) => i == other._1 && e.canonicalized == other._2.canonicalized }) match {
+                val shared = (c: KeyClass) => !c.inputs.exists(outerInputs.contains) && c.members.exists { case (i, e) => i == other._1 && e.canonicalized == other._2.canonicalized }
+                classes.indexWhere(shared) match {
                   case -1 => classes += KeyClass(Seq(other, member))
                   case c => classes(c) = KeyClass(classes(c).members :+ member)
                 }
@@ -132,7 +180,10 @@ object JoinGraph {
             }
           }
         }
-        Right(JoinGraph(inputOutputs.size, classes.toSeq, residuals.toSeq, filterJoins.map(f => f.input -> f.joinType).toMap))
+        onClasses.collectFirst { case (input, Nil) => input } match {
+          case Some(input) => Left(s"the outer join of input #$input has no equi-join key between its two sides")
+          case None => Right(JoinGraph(inputOutputs.size, classes.toSeq, residuals.toSeq, filterJoins.map(f => f.input -> f.joinType).toMap, onClasses))
+        }
     }
   }
 

@@ -4,7 +4,7 @@ import scala.jdk.CollectionConverters._
 
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
-import org.apache.spark.sql.catalyst.plans.{Cross, Inner, JoinType, LeftAnti, LeftSemi}
+import org.apache.spark.sql.catalyst.plans.{Cross, Inner, JoinType, LeftAnti, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.logical.{BROADCAST, Filter, HintInfo, Join, JoinStrategyHint, LogicalPlan, Project, SHUFFLE_HASH, SHUFFLE_MERGE, SHUFFLE_REPLICATE_NL}
 
 import umjoin.spark.tsc.{Check, MemberPatterns, NodeKind, PatternVocabulary}
@@ -12,12 +12,14 @@ import umjoin.spark.tsc.{Check, MemberPatterns, NodeKind, PatternVocabulary}
 /** What `rules/batch.yaml` may say about Spark's optimized logical plans. */
 object LogicalPatterns {
 
-  /** Join types UMJoin computes; outer joins stay as Spark plans them. */
-  private val supportedJoinTypes: Map[String, JoinType] = Map("Inner" -> Inner, "Cross" -> Cross, "LeftSemi" -> LeftSemi, "LeftAnti" -> LeftAnti)
+  /** Join types UMJoin computes; full outer joins stay as Spark plans them. */
+  private val supportedJoinTypes: Map[String, JoinType] = Map("Inner" -> Inner, "Cross" -> Cross, "LeftSemi" -> LeftSemi,
+    "LeftAnti" -> LeftAnti, "LeftOuter" -> LeftOuter, "RightOuter" -> RightOuter)
 
-  /** The right side of a semi or anti join is one input of the group: the store the join probes. */
+  /** The non-preserved side of a semi, anti or outer join is one input of the group: the store the join probes. */
   def keptAsInput(output: LogicalPlan, child: LogicalPlan): Boolean = output match {
-    case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti => j.right eq child
+    case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti || j.joinType == LeftOuter => j.right eq child
+    case j: Join if j.joinType == RightOuter => j.left eq child
     case _ => false
   }
 
@@ -37,8 +39,8 @@ object LogicalPatterns {
         val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
         val unknown = names.filterNot(supportedJoinTypes.contains)
         if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
-        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a UMJoin member; UMJoin computes inner, left semi " +
-          "and left anti joins (outer joins stay as Spark plans them and may be inputs of a group)")
+        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a UMJoin member; UMJoin computes inner, left semi, " +
+          "left anti, left outer and right outer joins (full outer joins stay as Spark plans them and may be inputs of a group)")
         else {
           val types = names.map(supportedJoinTypes).toSet
           Right { case j: Join => types.contains(j.joinType); case _ => false }

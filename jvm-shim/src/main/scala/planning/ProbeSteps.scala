@@ -3,7 +3,7 @@ package umjoin.spark.planning
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
-import org.apache.spark.sql.catalyst.plans.{Inner, JoinType}
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter}
 
 import umjoin.spark.order.{ProbeGraph, ProbeRoute}
 
@@ -22,11 +22,14 @@ object StoreIndex {
  * classes' values, from inputs bound earlier); `conditions` are checked once the stored row is
  * bound. `from` is the route's edge source, which the statistics are kept for. `joinType` is Inner
  * (each matching row is bound in turn), LeftSemi (the combination goes on once if a row matches,
- * binding nothing) or LeftAnti (it goes on if none does).
+ * binding nothing), LeftAnti (it goes on if none does) or LeftOuter (each matching row is bound in
+ * turn, or a row of NULLs if none matches). For LeftOuter, `conditions` are its ON clause's, which
+ * decide what matches, and `postConditions` the others that become complete with this input,
+ * checked on the bound row, NULL-padded or not.
  */
 final case class StepPlan(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
-    joinType: JoinType = Inner) {
-  def binds: Boolean = joinType == Inner
+    joinType: JoinType = Inner, postConditions: Seq[Expression] = Nil) {
+  def binds: Boolean = joinType == Inner || joinType == LeftOuter
 }
 
 /** A route turned into steps: the conditions on the start row alone, then one step per other input. */
@@ -52,8 +55,12 @@ object ProbeSteps {
     val value = mutable.Map[Int, Expression]() // bound class -> its value (the first bound expression)
     val placed = mutable.Set[ResidualCondition]()
 
-    /** Binds `input`: the equalities of its expressions with the classes' values, new classes' values, residuals now complete. */
-    def bind(input: Int, probed: Seq[Int], bound: Set[Int]): Seq[Expression] = {
+    /**
+     * Binds `input`: the equalities of its expressions with the classes' values, new classes' values,
+     * residuals now complete; as (the conditions deciding which of its rows match: an outer input's ON
+     * clause, everything else for other inputs; the conditions checked after that: an outer input's others).
+     */
+    def bind(input: Int, probed: Seq[Int], bound: Set[Int]): (Seq[Expression], Seq[Expression]) = {
       val equalities = classes.indices.flatMap { c =>
         val mine = classes(c).members.collect { case (`input`, e) => e }
         if (mine.isEmpty) Nil
@@ -71,22 +78,30 @@ object ProbeSteps {
       val nowBound = bound + input
       val residuals = joinGraph.residuals.filter(r => !placed.contains(r) && r.inputs.subsetOf(nowBound))
       placed ++= residuals
-      equalities ++ residuals.map(_.condition)
+      if (!joinGraph.outer.contains(input)) (equalities ++ residuals.map(_.condition), Nil)
+      else {
+        val (on, after) = residuals.partition(_.outer.contains(input))
+        (on.map(_.condition), equalities ++ after.map(_.condition))
+      }
     }
 
-    val startConditions = bind(route.start, Nil, Set.empty)
+    val startConditions = bind(route.start, Nil, Set.empty)._1
     var bound = Set(route.start)
     val steps = route.edges.map { case (from, to) =>
       // Through the edge's own class (shared by `from` and `to`): the statistics of the edge describe
       // probes through it, and a bound class `from` does not share may be far less selective (Q5's
       // supplier by nation instead of by supplier key: 400 candidates per probe instead of one).
       // Of those, the widest index: every class it covers narrows the candidates.
-      val usable = indexed(to).filter(_.classes.forall(value.contains))
+      // An outer input is probed by its ON clause's keys only, once everything its ON clause reads is bound.
+      val usable = joinGraph.outer.get(to) match {
+        case Some(on) => indexed(to).filter(_.classes.sorted == on.sorted).filter(_ => joinGraph.onInputs(to).subsetOf(bound))
+        case None => indexed(to).filter(_.classes.forall(value.contains))
+      }
       val index = usable.sortBy(ix => (!ix.classes.exists(c => classes(c).inputs.contains(from)), -ix.classes.size)).headOption
         .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
-      val conditions = bind(to, index.classes, bound)
+      val (conditions, after) = bind(to, index.classes, bound)
       bound += to
-      StepPlan(to, from, index, index.classes.map(value), conditions, joinGraph.filters.getOrElse(to, Inner))
+      StepPlan(to, from, index, index.classes.map(value), conditions, joinGraph.stepType(to), after)
     }
     RoutePlan(route, startConditions, steps)
   }
