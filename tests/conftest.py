@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator
 
@@ -12,6 +13,11 @@ from umjoin import tpch
 from umjoin.local import local_builder
 
 TPCH_SF = 0.01
+#: Each TPC-H query's UMJoin groups under default settings (AQE off), checked by test_tpch.
+GOLDEN = Path(__file__).parent / "golden" / "tpch_umjoin_groups.json"
+#: The TPC-H queries with a UMJoin: the tests of backends, probe orders and clusters run these
+#: (the others never reach a store or a probe order; test_tpch runs all 22 in every AQE setting).
+UMJOIN_TPCH_QUERIES = tuple(int(q[1:]) for q, groups in json.loads(GOLDEN.read_text()).items() if groups)
 
 
 def session_builder() -> SparkSession.Builder:

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
-from conftest import TPCH_SF
+from conftest import TPCH_SF, UMJOIN_TPCH_QUERIES
 from umjoin import answers, plans, tpch
 from umjoin.local import temporary_conf
 
@@ -205,7 +205,7 @@ def test_every_policy_returns_the_official_tpch_answers(spark: SparkSession, tpc
     settings = {"spark.sql.adaptive.enabled": "true", "spark.umjoin.enabled": "true", "spark.umjoin.probeOrder": policy, **REROUTE_OFTEN}
     route_changes = 0
     with temporary_conf(spark, settings):
-        for number in tpch.QUERY_NUMBERS:
+        for number in UMJOIN_TPCH_QUERIES:
             columns, expected = tpch.official_answer(number, TPCH_SF)
             sql = tpch.query_text(number)
             df = spark.sql(sql)

@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from conftest import TPCH_SF
+from conftest import TPCH_SF, UMJOIN_TPCH_QUERIES
 from umjoin import answers, plans, tpch
 from umjoin.local import temporary_conf
 
@@ -39,7 +39,7 @@ def test_tpch_official_answers(spark: SparkSession, tpch_data: Path, tmp_path: P
     settings = {**NO_BROADCAST, **BACKENDS[backend], "spark.sql.adaptive.enabled": adaptive, "spark.umjoin.rocksdb.localDir": str(tmp_path)}
     moved = written = 0
     with temporary_conf(spark, settings):
-        for number in tpch.QUERY_NUMBERS:
+        for number in UMJOIN_TPCH_QUERIES:
             sql = tpch.query_text(number)
             df = spark.sql(sql)
             rows = [tuple(r) for r in df.collect()]

@@ -5,7 +5,7 @@ the UMJoin of its joins (AQE off: the plans are fixed)."""
 from __future__ import annotations
 
 import decimal
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -25,9 +25,11 @@ OUTER_INPUTS = {
 
 
 @pytest.fixture(scope="module")
-def tpcds_tables(spark: SparkSession) -> Iterator[None]:
-    tpcds.register(spark, tpcds.generate(TPCDS_SF, tpcds.TABLES), tpcds.TABLES)
-    yield
+def tpcds_spark(spark: SparkSession) -> SparkSession:
+    """A session of its own: temporary views are per session, so TPC-DS's `customer` never hides TPC-H's."""
+    session = spark.newSession()
+    tpcds.register(session, tpcds.generate(TPCDS_SF, tpcds.TABLES), tpcds.TABLES)
+    return session
 
 
 def canonical(rows: list[Any]) -> list[tuple[Any, ...]]:
@@ -38,7 +40,8 @@ def canonical(rows: list[Any]) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("number", sorted(OUTER_INPUTS))
-def test_outer_joins_of_tpcds_queries_run_inside_umjoin_with_the_same_answer(spark: SparkSession, tpcds_tables: None, number: int) -> None:
+def test_outer_joins_of_tpcds_queries_run_inside_umjoin_with_the_same_answer(tpcds_spark: SparkSession, number: int) -> None:
+    spark = tpcds_spark
     sql = tpcds.query_text(number)
     with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from conftest import TPCH_SF
+from conftest import GOLDEN, TPCH_SF
 from umjoin.local import temporary_conf
 from umjoin import answers, plans, tpch
 
@@ -22,7 +22,6 @@ CONFIGS = {
 }
 # The queries of the paper's Table 3 whose Spark plan has adjacent joins (Q15's has a single join).
 PAPER_TABLE_3 = (2, 3, 5, 7, 8, 9, 10, 11, 18, 21)
-GOLDEN = Path(__file__).parent / "golden" / "tpch_umjoin_groups.json"
 QUERIES = tpch.QUERY_NUMBERS
 
 
