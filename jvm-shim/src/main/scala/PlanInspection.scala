@@ -13,6 +13,7 @@ import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStag
 
 import umjoin.spark.order.{CostModel, CycleStatistics, ProbeGraph, ProbeOrder, ProbeOrderPolicy, ProbeRoute, Smoothing, StatisticsHistory, StoreStructure}
 import umjoin.spark.planning.{CostGraph, InputLabels, JoinSizes, LogicalPatterns, ProbeCost, StreamingUMJoinRule}
+import umjoin.spark.state.{CacheModel, KeyStatistics, StreamRateForecast}
 import umjoin.spark.tsc.{MultiJoin, TwoStepConvert}
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
@@ -179,6 +180,47 @@ object PlanInspection {
       case _ => JNull
     }
     compact(render(JObject("groups" -> JArray(alone.toList), "jointly" -> jointly)))
+  }
+
+  /**
+   * Paper 003's cache choice on given statistics: request `{"model": {"masterRowBytes",
+   * "streamRowBytes", "hysteresis", "maxBytes"}, "keys": [{"key", "masterRows", "streamRows",
+   * "cached"}]}`, answer `{"cached": [key], "cacheBytes", "memoryBytes"}` (the keys chosen, the
+   * cache's bytes, and the memory of every key where the choice puts it).
+   */
+  def staticCache(request: String): String = {
+    val json = parse(request)
+    val model = json \ "model"
+    val cacheModel = CacheModel(doubleOf(model \ "masterRowBytes"), doubleOf(model \ "streamRowBytes"),
+      doubleOf(model \ "hysteresis"), doubleOf(model \ "maxBytes").toLong)
+    val (keys, cachedNow) = (json \ "keys") match {
+      case JArray(items) => items.map { k =>
+        (KeyStatistics(intOf(k \ "key"), intOf(k \ "masterRows").toLong, doubleOf(k \ "streamRows")), k \ "cached" == JBool(true))
+      }.unzip
+      case other => bad("keys", other)
+    }
+    val before = keys.zip(cachedNow).collect { case (k, true) => k.key }.toSet
+    val chosen = cacheModel.choose(keys, before)
+    compact(render(JObject(
+      "cached" -> JArray(chosen.toList.sorted.map(k => JInt(k))),
+      "cacheBytes" -> JDouble(keys.filter(k => chosen(k.key)).map(cacheModel.cacheBytes).sum),
+      "memoryBytes" -> JDouble(cacheModel.memoryBytes(keys, chosen)))))
+  }
+
+  /** n(j) after each batch of `{"alpha", "batches": [{"<key>": rows}]}`: `[{"<key>": rate}]`, one object per batch. */
+  def streamRates(request: String): String = {
+    val json = parse(request)
+    val forecast = new StreamRateForecast[String](doubleOf(json \ "alpha"))
+    val after = (json \ "batches") match {
+      case JArray(batches) => batches.map {
+        case JObject(counts) =>
+          forecast.observe(counts.map { case (k, v) => k -> intOf(v).toLong }.toMap)
+          JObject(forecast.keys.toList.sorted.map(k => k -> JDouble(forecast.rate(k))))
+        case other => bad("a batch's counts", other)
+      }
+      case other => bad("batches", other)
+    }
+    compact(render(JArray(after)))
   }
 
   private def statistics(json: JValue): CycleStatistics = {
