@@ -19,17 +19,13 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
-from test_random_joins import CONFIGS as RANDOM_JOIN_CONFIGS
+from test_semi_anti import CONFIGS, load, register_tables
 from umjoin import plans
 from umjoin.local import temporary_conf
 
 SEEDS = range(20)
-# The random join suite's settings: broadcast or not, AQE, generated or interpreted loop, RocksDB ...
-CONFIGS = {name: RANDOM_JOIN_CONFIGS[name] for name in
-           ("aqe-off", "aqe-on", "aqe-off-no-broadcast", "aqe-on-no-broadcast", "interpreted-no-broadcast", "rocksdb")}
-CONFIGS["interpreted"] = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false"}
-# ... and an adaptive order, which reorders inner joins only: a group with an outer join keeps it as Spark plans it.
-CONFIGS["dpPick"] = RANDOM_JOIN_CONFIGS["dpPick"]
+# CONFIGS: the semi/anti suite's, the random join suite's settings with an interpreted loop and an
+# adaptive order, which reorders inner joins only: a group with an outer join keeps it as Spark plans it.
 
 
 @dataclass(frozen=True)
@@ -90,15 +86,12 @@ def make_case(seed: int) -> Case:
     return Case(tables, relation, where)
 
 
+def tables_of(case: Case) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    return {f"t{i}": r for i, r in enumerate(case.tables)}
+
+
 def register(spark: SparkSession, case: Case, directory: Path) -> None:
-    con = duckdb.connect()
-    for i, rows in enumerate(case.tables):
-        con.execute(f"CREATE OR REPLACE TABLE t{i} (id INTEGER, a INTEGER, b INTEGER, v INTEGER)")
-        if rows:
-            con.executemany(f"INSERT INTO t{i} VALUES (?, ?, ?, ?)", rows)
-        con.execute(f"COPY t{i} TO '{directory / f't{i}'}.parquet' (FORMAT parquet)")
-        spark.read.parquet(str(directory / f"t{i}.parquet")).createOrReplaceTempView(f"t{i}")
-    con.close()
+    register_tables(spark, tables_of(case), directory)
 
 
 def rows_of(df) -> list[tuple]:  # type: ignore[no-untyped-def, type-arg]
@@ -148,10 +141,7 @@ def test_generated_cases_pad_rows_and_keep_outer_joins(spark: SparkSession, tmp_
         case = make_case(seed)
         register(spark, case, tmp_path)
         kept += spark_outer_joins_on_one_table(spark.sql(case.sql))
-        for i, rows in enumerate(case.tables):
-            con.execute(f"CREATE OR REPLACE TABLE t{i} (id INTEGER, a INTEGER, b INTEGER, v INTEGER)")
-            if rows:
-                con.executemany(f"INSERT INTO t{i} VALUES (?, ?, ?, ?)", rows)
+        load(con, tables_of(case))
         ids = " OR ".join(f"id{i} IS NULL" for i in range(len(case.tables)))
         padding += con.execute(f"SELECT count(*) FROM ({case.sql}) WHERE {ids}").fetchone()[0] > 0  # type: ignore[index]
     assert padding >= 0.5 * len(SEEDS) and kept >= len(SEEDS)

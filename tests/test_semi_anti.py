@@ -71,15 +71,30 @@ def make_case(seed: int) -> Case:
     return Case(tables, filters, inner, subqueries)
 
 
-def register(spark: SparkSession, case: Case, directory: Path) -> None:
-    con = duckdb.connect()
-    for name, rows in [(f"t{i}", r) for i, r in enumerate(case.tables)] + [(f"f{i}", r) for i, r in enumerate(case.filters)]:
-        con.execute(f"CREATE TABLE {name} (id INTEGER, a INTEGER, b INTEGER, v INTEGER)")
+def load(con: duckdb.DuckDBPyConnection, tables: dict[str, list[tuple]]) -> None:  # type: ignore[type-arg]
+    """Each table of (id, a, b, v) rows into DuckDB."""
+    for name, rows in tables.items():
+        con.execute(f"CREATE OR REPLACE TABLE {name} (id INTEGER, a INTEGER, b INTEGER, v INTEGER)")
         if rows:
             con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?)", rows)
+
+
+def register_tables(spark: SparkSession, tables: dict[str, list[tuple]], directory: Path) -> None:  # type: ignore[type-arg]
+    """Each table as a Parquet file and a temporary view of its name."""
+    con = duckdb.connect()
+    load(con, tables)
+    for name in tables:
         con.execute(f"COPY {name} TO '{directory / name}.parquet' (FORMAT parquet)")
         spark.read.parquet(str(directory / f"{name}.parquet")).createOrReplaceTempView(name)
     con.close()
+
+
+def tables_of(case: Case) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    return {f"t{i}": r for i, r in enumerate(case.tables)} | {f"f{i}": r for i, r in enumerate(case.filters)}
+
+
+def register(spark: SparkSession, case: Case, directory: Path) -> None:
+    register_tables(spark, tables_of(case), directory)
 
 
 def rows_of(spark: SparkSession, sql: str) -> list[tuple]:  # type: ignore[type-arg]
@@ -115,10 +130,7 @@ def test_generated_cases_filter_rows() -> None:
     kept_some = dropped_some = 0
     for seed in SEEDS:
         case = make_case(seed)
-        for name, rows in [(f"t{i}", r) for i, r in enumerate(case.tables)] + [(f"f{i}", r) for i, r in enumerate(case.filters)]:
-            con.execute(f"CREATE OR REPLACE TABLE {name} (id INTEGER, a INTEGER, b INTEGER, v INTEGER)")
-            if rows:
-                con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?)", rows)
+        load(con, tables_of(case))
         names = ", ".join(f"t{i}" for i in range(len(case.tables)))
         joined = con.execute(f"SELECT count(*) FROM {names} WHERE {' AND '.join(case.inner)}").fetchone()[0]  # type: ignore[index]
         filtered = con.execute(f"SELECT count(*) FROM ({case.sql})").fetchone()[0]  # type: ignore[index]
