@@ -532,3 +532,56 @@ def test_adaptive_probe_order_keeps_statistics_across_batches_and_the_answer(spa
     assert on == expected and len(expected) > 0
     assert len(changes) == 6 and changes[0] == 0  # the first batch has no statistics yet: the plan's order
     assert sum(changes) > 0, changes
+
+
+@pytest.mark.parametrize("static", ["files", "nondeterministic"])
+def test_a_partitioned_static_table_is_read_once_and_again_after_its_files_change(spark: SparkSession, tmp_path: Path, static: str) -> None:
+    """Streams x and y joined with a static table t too big to broadcast: t's scan and shuffle are kept
+    from the first micro-batch while its file keeps its length and modification time (touched once here,
+    the rows unchanged), and forgotten when the query ends. A static side with a nondeterministic
+    expression is read in every batch, as Spark reads it."""
+    rng = random.Random(5)
+    write_batches(tmp_path / "t", "t_j BIGINT, t_v BIGINT", [[(rng.randrange(6), i) for i in range(40)]])
+    columns = {"x": "x_k BIGINT, x_v BIGINT", "y": "y_k BIGINT, y_j BIGINT"}
+    table = spark.read.parquet(str(tmp_path / "t"))
+    if static == "nondeterministic":
+        table = table.where(F.rand() + F.col("t_v") >= 0)  # always true, not folded away as rand() >= 0 is
+
+    def join(x: DataFrame, y: DataFrame, t: DataFrame) -> DataFrame:
+        return x.join(y, x.x_k == y.y_k).join(t, y.y_j == t.t_j)
+
+    with temporary_conf(spark, {"spark.sql.autoBroadcastJoinThreshold": "-1"}):
+        for n in "xy":
+            (tmp_path / n).mkdir()
+        x, y = (stream(spark, tmp_path / n, columns[n]) for n in "xy")
+        query = join(x, y, table).writeStream.format("memory").queryName(f"static_{static}").option("checkpointLocation", str(tmp_path / "ck")).start()
+        try:
+            for batch in range(4):
+                if batch == 2:
+                    (t_file,) = (tmp_path / "t").glob("*.parquet")
+                    os.utime(t_file, (2_000_000, 2_000_000))
+                write_batches(tmp_path / "x", columns["x"], [[(rng.randrange(4), 10 * batch + i) for i in range(5)]])
+                write_batches(tmp_path / "y", columns["y"], [[(rng.randrange(4), rng.randrange(6)) for _ in range(5)]])
+                query.processAllAvailable()
+            kept_while_running = spark._jvm.umjoin.spark.exec.StaticInputs.keptInputs()
+            plan = executed_plan(query)
+        finally:
+            query.stop()
+        rows = sorted_rows(spark.table(f"static_{static}"))
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            expected = sorted_rows(join(*(spark.read.parquet(str(tmp_path / n)) for n in "xy"), table))
+    assert rows == expected and len(rows) > 0
+    static_inputs = re.findall(r"#(\d+) [^(]*\(static, partitioned by t_j", plan)
+    assert len(static_inputs) == 1, plan
+    t_input = static_inputs[0]
+    batches = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"] > 0}
+    reads = sum(op["customMetrics"][f"staticReadsInput{t_input}"] for p in batches.values() for op in p["stateOperators"] if op["operatorName"] == "umJoin")
+    assert len(batches) >= 4
+    if static == "files":
+        assert reads == 2 and kept_while_running >= 1
+    else:
+        assert reads == len(batches)
+    deadline = time.time() + 20
+    while spark._jvm.umjoin.spark.exec.StaticInputs.keptInputs() > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert spark._jvm.umjoin.spark.exec.StaticInputs.keptInputs() == 0, "kept inputs outlived their query"
