@@ -25,8 +25,7 @@ import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, Streaming
  * Layout ([[StreamingLayout]], chosen by paper 002's probe-cost model): each stream's store is
  * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the further
  * classes some route probes it through; a static table is broadcast, or partitioned like a stream
- * and read once, then again only when its files change ([[StaticInputs]]). Every stream's new rows
- * probe the other stores along its route.
+ * and read again every batch. Every stream's new rows probe the other stores along its route.
  *
  * A micro-batch (paper 000, 3.1.3): new rows of input i probe the stores of inputs before i with
  * this batch's rows in them, and of inputs after i with the earlier batches' rows only, so every
@@ -104,9 +103,7 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
         StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
         StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
-        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
-        Option.when(layout.kinds(i) == InputKind.StaticPartitioned)(
-          StatefulOperatorCustomSumMetric(s"staticReadsInput$i", s"$name: static input read (first batch, after a change)"))
+        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops"))
     }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
@@ -193,13 +190,7 @@ case class StreamingUMJoinExec(
     // Partitioned inputs travel as their exchanges deliver them; broadcast tables as rows.
     val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
     val position = partitioned.zipWithIndex.toMap
-    val inputRdds = partitioned.map { j =>
-      if (layout.kinds(j) == InputKind.StaticPartitioned) {
-        val (rows, readNow) = StaticInputs.rows(info, j, children(j), hadoopConf)
-        if (readNow) longMetric(s"staticReadsInput$j") += 1
-        rows
-      } else children(j).execute()
-    }
+    val inputRdds = partitioned.map(children(_).execute())
     val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(children(j).executeBroadcast[Array[InternalRow]]()))
 
     def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
