@@ -12,7 +12,7 @@ BENCH_REPS ?= 3
 BENCH_MEMORY_SF ?= 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build browser test report demo bench bench-memory bench-streaming bench-probe-order clean
+.PHONY: venv build browser test report demo bench bench-memory bench-streaming bench-static bench-probe-order clean
 
 venv: $(INSTALLED)
 
@@ -55,6 +55,12 @@ bench-memory: build
 bench-streaming: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/umjoin bench-streaming --sf $(BENCH_MEMORY_SF) --out bench/results
+
+# Paper 003's setting: orders as a stream joined with customer and nation as static tables, Zipf skew
+# 0, 0.5, 1; Spark's stream-static join against UMJoin's stored customer with each cache mode.
+bench-static: build
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/umjoin bench-static --sf 1 --out bench/results
 
 # Paper 001's probe-order experiments: the 4-way TPC-DS join's rows replayed in random order, 24 initial
 # orders x policies; in-memory stores at SF 1, RocksDB stores (slower probes) at SF 0.3. About an hour.

@@ -46,6 +46,9 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
         ("spark.umjoin.dpPick.queryCost", "-1", "expected a number >= 0.0"),
         ("spark.umjoin.stateCacheRows", "-1", "expected an integer >= 0"),
         ("spark.umjoin.stateCacheRows", "many", "expected an integer >= 0"),
+        ("spark.umjoin.staticCache", "some", "expected all or off or ssbj"),
+        ("spark.umjoin.staticCache.maxBytes", "huge", "a size such as 64k, 8m or 1g"),
+        ("spark.umjoin.staticCache.hysteresis", "0.5", "expected a number >= 1.0"),
     ],
 )
 def test_invalid_setting_fails_the_query_naming_it(spark: SparkSession, tpch_data: Path, key: str, value: str, expected: str) -> None:

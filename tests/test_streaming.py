@@ -246,8 +246,8 @@ def test_a_checkpoint_of_the_previous_layout_format_continues_under_an_adaptive_
         run_once()
         (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
         recorded = layout.read_text()
-        assert '"format":2' in recorded and '"indexedBy":[["y_j"]]' in recorded, recorded
-        layout.write_text(recorded.replace('"format":2', '"format":1').replace('"indexedBy":[["y_j"]]', '"indexedBy":["y_j"]'))
+        assert '"format":3' in recorded and '"indexedBy":[["y_j"]]' in recorded, recorded
+        layout.write_text(recorded.replace('"format":3', '"format":1').replace('"indexedBy":[["y_j"]]', '"indexedBy":["y_j"]'))
         (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
         for name in "xyz":
             write_batches(tmp_path / name, columns[name], data[name][2:])
@@ -380,9 +380,9 @@ def test_state_of_another_umjoin_version_is_refused(spark: SparkSession, tmp_pat
     (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
     assert [p.name for p in (layout.parent / "0").iterdir() if p.name.startswith("umjoin-input-1")] != []
     if change == "older format":
-        layout.write_text(layout.read_text().replace('"format":2', '"format":0'))
+        layout.write_text(layout.read_text().replace('"format":3', '"format":0'))
         (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
-        expected = "written by another version of UMJoin (state layout format 0; this version reads formats 1 to 2)"
+        expected = "written by another version of UMJoin (state layout format 0; this version reads formats 1 to 3)"
     else:
         layout.unlink()
         expected = "written by an earlier version of UMJoin, whose state layout this version cannot read"

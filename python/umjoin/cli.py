@@ -1,4 +1,4 @@
-"""The `umjoin` command: jar, tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-probe-order."""
+"""The `umjoin` command: jar, tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-static, bench-probe-order."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _positive(text: str) -> float:
 _REPORT_MODULES = ("duckdb", "duckdb_extension_tpch", "duckdb_extension_tpcds", "sqlglot", "jinja2")
 EXTRA_MODULES = {"report": _REPORT_MODULES, "bench": (*_REPORT_MODULES, "matplotlib")}
 COMMAND_EXTRA = {"tpch-report": "report", "plan-diff": "report", "demo": "report", "bench": "bench",
-                 "bench-memory": "bench", "bench-streaming": "bench", "bench-probe-order": "bench"}
+                 "bench-memory": "bench", "bench-streaming": "bench", "bench-probe-order": "bench",
+                 "bench-static": "bench"}
 
 
 def _check_extra(command: str) -> None:
@@ -137,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--workload", choices=("all", "tpcds", "tpch"), default="all",
                            help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
     streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
+
+    static = commands.add_parser("bench-static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "
+                                 "and nation as static tables, Spark vs UMJoin's stored table with each cache mode, Zipf skew 0, 0.5, 1")
+    static.add_argument("--sf", type=_positive, default=1.0, help="TPC-H scale factor (default 1)")
+    static.add_argument("--batches", type=_whole, default=20, help="micro-batches the orders are cut into (default 20)")
+    static.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
 
     order = commands.add_parser("bench-probe-order", parents=[data], help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
     order.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
@@ -217,6 +224,11 @@ def _run(args: argparse.Namespace) -> int:
         from umjoin.bench_streaming import WORKLOADS, run_streaming_bench
 
         run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,))
+        return 0
+    if args.command == "bench-static":
+        from umjoin.bench_static import run_static_bench
+
+        run_static_bench(args.sf, args.batches, args.out)
         return 0
     if args.command == "bench-probe-order":
         from umjoin.bench_probe_order import run_probe_order_bench

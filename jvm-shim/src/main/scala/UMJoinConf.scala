@@ -6,7 +6,7 @@ import org.apache.spark.network.util.JavaUtils
 import org.apache.spark.sql.internal.SQLConf
 
 import umjoin.spark.order.{ProbeOrderPolicy, ProbeOrderSettings, Smoothing}
-import umjoin.spark.state.{RocksDBSettings, StateBackend, StoreSettings}
+import umjoin.spark.state.{RocksDBSettings, StateBackend, StaticCacheMode, StaticCacheSettings, StoreSettings}
 
 /**
  * The session settings under `spark.umjoin.*`, parsed and checked. They are read at every
@@ -19,6 +19,7 @@ final case class UMJoinConf(
     stores: StoreSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
+    staticCache: StaticCacheSettings,
     probeOrder: ProbeOrderSettings)
 
 object UMJoinConf {
@@ -32,6 +33,9 @@ object UMJoinConf {
   val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
   val StateTtl = "spark.umjoin.stateTtl"
   val StateCacheRows = "spark.umjoin.stateCacheRows"
+  val StaticCache = "spark.umjoin.staticCache"
+  val StaticCacheMaxBytes = "spark.umjoin.staticCache.maxBytes"
+  val StaticCacheHysteresis = "spark.umjoin.staticCache.hysteresis"
   val ProbeOrderKey = "spark.umjoin.probeOrder"
   val CycleRows = "spark.umjoin.dpPick.cycleRows"
   val Period = "spark.umjoin.dpPick.period"
@@ -62,7 +66,16 @@ object UMJoinConf {
       stores = stores,
       stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)),
       stateCacheRows = parseInt(StateCacheRows, conf.getConfString(StateCacheRows, "100000"), min = 0).toLong,
+      staticCache = staticCacheSettings(conf),
       probeOrder = probeOrderSettings(conf))
+  }
+
+  private def staticCacheSettings(conf: SQLConf): StaticCacheSettings = {
+    val mode = conf.getConfString(StaticCache, "ssbj").trim.toLowerCase(java.util.Locale.ROOT)
+    StaticCacheSettings(
+      StaticCacheMode.byName.getOrElse(mode, throw invalid(StaticCache, mode, StaticCacheMode.byName.keys.toSeq.sorted.mkString(" or "))),
+      maxBytes = parseSize(StaticCacheMaxBytes, conf.getConfString(StaticCacheMaxBytes, "16m"), min = 0),
+      hysteresis = parseDouble(StaticCacheHysteresis, conf.getConfString(StaticCacheHysteresis, "1.0"), 1.0, Double.MaxValue))
   }
 
   private def probeOrderSettings(conf: SQLConf): ProbeOrderSettings = {

@@ -36,6 +36,8 @@ final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionCla
     StructField(if (i == 0) "key" else s"key$i", k.dataType)
   } :+ StructField("sequence", LongType, nullable = false))
   def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey", partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
+  /** Every index the input's rows can be probed through: its partitioning class, then the further indexes. */
+  def allIndexes: Seq[(StoreIndex, Seq[Expression])] = (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
 }
 
 /**
@@ -206,6 +208,8 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
   def rowCount: Long = primary.metrics.numKeys
   def indexEntryCount: Long = rowCount * indexes.size
   def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
+  /** The bytes of the stores' files on local disk, where the provider tells them (RocksDB's SST files); else 0. */
+  def diskBytes: Long = stores.map(_.metrics.customMetrics.collect { case (m, v) if m.name == "rocksdbSstFileSize" => v }.sum).sum
 }
 
 /**

@@ -18,7 +18,7 @@ import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
 
 import umjoin.spark.order.{ProbeCounters, ProbeCountersAccumulator}
 import umjoin.spark.planning.{InputKind, JoinGraph, Reach, RoutePlan, RoutedStep, Segment, StoreIndex}
-import umjoin.spark.state.JoinStore
+import umjoin.spark.state.{JoinStore, StaticCacheSettings}
 
 /** One stream's route in a micro-batch: its probe steps, how each reaches its store, and the segments each task runs. */
 final case class RouteRun(plan: RoutePlan, steps: Seq[RoutedStep], segments: Seq[Segment]) {
@@ -35,7 +35,11 @@ final case class StageMetrics(
     updated: SQLMetric,
     removed: SQLMetric,
     stateRows: IndexedSeq[SQLMetric],
-    indexEntries: IndexedSeq[SQLMetric])
+    indexEntries: IndexedSeq[SQLMetric],
+    static: Map[Int, StaticMetrics])
+
+/** The metrics of a stored static table. */
+final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
 
 /**
  * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
@@ -43,6 +47,8 @@ final case class StageMetrics(
  * @param joinKeys   per input, every expression it joins on: a row with a NULL in one never joins
  * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
  * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
+ * @param staticLoads per stored static table, whether this batch writes its stores, and which load they hold
+ * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes (v_R, v_S)
  */
 final case class MicroBatchJob(
     graph: JoinGraph,
@@ -57,6 +63,9 @@ final case class MicroBatchJob(
     stateTtlMs: Option[Long],
     nowMs: Long,
     stateCacheRows: Long,
+    staticLoads: Map[Int, StaticVersions.Decision],
+    staticCache: StaticCacheSettings,
+    staticRowBytes: Map[Int, (Double, Double)],
     partitions: Int,
     info: StatefulOperatorStateInfo) {
 
@@ -64,6 +73,12 @@ final case class MicroBatchJob(
   val stageCount: Int = routes.values.map(_.segments.size).max
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
+
+  /** The inputs kept in state stores: the streams and the stored static tables. */
+  val stored: Seq[Int] = kinds.indices.filter(i => InputKind.isStored(kinds(i)))
+
+  /** Whether input j is a stored static table this batch writes (so its rows come from its child, not its stores). */
+  def loads(j: Int): Boolean = staticLoads.get(j).exists(_.load)
 
   /** The steps (route's start, input probed, index probed through) the routes take in stage `stage`. */
   def probesIn(stage: Int): Seq[(Int, Int, StoreIndex)] = routes.values.toSeq.flatMap { run =>
@@ -105,15 +120,17 @@ private[exec] final class StageTask(
     case Some(ttl) => storedAt => storedAt > job.nowMs - ttl
     case None => _ => true
   }
+  // A stored static table's rows never expire: the table is loaded again when it changes.
+  private def visibleIn(j: Int): Long => Boolean = if (job.kinds(j) == InputKind.Stream) visible else _ => true
 
   // The stores of the streams: written (and read) in the last stage, read-only before it.
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   private def writerOf(j: Int): InputStateWriter =
-    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs, hadoopConf, visible, context))
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
   private def stateOf(j: Int): InputState =
     if (isLast) writerOf(j).state
-    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visible, context))
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
 
   /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
   private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
@@ -141,7 +158,7 @@ private[exec] final class StageTask(
     val rows = job.kinds(j) match {
       case InputKind.Stream => fresh(j, None)
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
-      case InputKind.StaticPartitioned => read(j)
+      case InputKind.StaticPartitioned | InputKind.StaticStored => read(j)
     }
     indexInMemory(j, rows, indexes)
   })(index)
@@ -158,10 +175,26 @@ private[exec] final class StageTask(
     }
   }).map(_(index)).getOrElse(stateOf(j).storeFor(index))
 
+  // A stored static table between its loads: its stores, through what this executor caches of them.
+  private def staticCacheOf(j: Int): StaticInputCache = {
+    val spec = job.states(j)
+    val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
+    StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation, new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
+      StoreIndex.single(spec.partitionClass),
+      spec.allIndexes.map { case (ix, keys) => ix -> (() => UnsafeProjection.create(keys, spec.output)) }.toMap,
+      masterRowBytes, streamRowBytes))
+  }
+  private val staticViews = mutable.Map[(Int, StoreIndex), JoinStore]()
+  private def staticStored(j: Int, index: StoreIndex): JoinStore = staticViews.getOrElseUpdate((j, index), {
+    val m = metrics.static(j)
+    staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(), m.hits, m.misses)
+  })
+
   /** The store a route from `start` probes input `input` through `index` with (the delta rule: later starts see this batch's rows). */
   private def storeFor(start: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
     case InputKind.Stream if input < start => new StageTask.Both(stored(input, index), inMemory(input, index))
     case InputKind.Stream => stored(input, index)
+    case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
     case _ => inMemory(input, index)
   }
 
@@ -245,17 +278,31 @@ private[exec] final class StageTask(
     StageTask.whenDone(produced().map(_._2), () => finish())
 
   private def finish(): Unit = {
-    job.streams.foreach { j =>
+    job.stored.foreach { j =>
       val writer = writerOf(j)
-      fresh(j, Some(metrics.droppedLate)).foreach { row =>
+      def store(rows: Iterator[InternalRow]): Unit = rows.foreach { row =>
         writer.put(row, job.nowMs)
         metrics.updated += 1
       }
-      val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
-      if (job.stateTtlMs.isDefined || evict.isDefined) {
-        metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
+      job.kinds(j) match {
+        case InputKind.Stream =>
+          // A stream's rows wait for other streams' rows; the only stream of a join with static tables keeps none.
+          if (job.streams.size > 1) store(fresh(j, Some(metrics.droppedLate)))
+          val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
+          if (job.stateTtlMs.isDefined || evict.isDefined) {
+            metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
+          }
+        case _ if job.loads(j) =>
+          metrics.removed += writer.removeWhere((_, _) => true)
+          store(fresh(j, None))
+        case _ =>
+          val cache = staticCacheOf(j)
+          cache.endBatch(writer.state.storeFor(StoreIndex.single(job.states(j).partitionClass)))
+          metrics.static(j).cachedKeys += cache.cachedKeys
+          metrics.static(j).cachedBytes += cache.cachedBytes
       }
       writer.commit()
+      metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
       CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
       metrics.stateRows(j) += writer.rowCount
       metrics.indexEntries(j) += writer.indexEntryCount

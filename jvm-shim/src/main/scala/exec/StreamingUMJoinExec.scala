@@ -17,6 +17,7 @@ import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResu
 
 import umjoin.spark.order.{ProbeCountersAccumulator, ProbeOrderSettings, StoreStructure, StreamingRoutes}
 import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, StreamingLayout}
+import umjoin.spark.state.StaticCacheSettings
 
 /**
  * The streaming UMJoin: one multi-way inner join over the streams (and static tables) of a TSC
@@ -24,8 +25,11 @@ import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, Streaming
  *
  * Layout ([[StreamingLayout]], chosen by paper 002's probe-cost model): each stream's store is
  * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the further
- * classes some route probes it through; a static table is broadcast, or partitioned like a stream
- * and read again every batch. Every stream's new rows probe the other stores along its route.
+ * classes some route probes it through; a static table is broadcast, or partitioned like a stream:
+ * kept in stores like a stream's, written when the query starts and when the table changed
+ * ([[StaticVersions]]), and probed through an executor's cache of its hot keys ([[StaticCaches]],
+ * paper 003), or, where its rows cannot be known unchanged, read again every batch. Every stream's
+ * new rows probe the other stores along its route.
  *
  * A micro-batch (paper 000, 3.1.3): new rows of input i probe the stores of inputs before i with
  * this batch's rows in them, and of inputs after i with the earlier batches' rows only, so every
@@ -47,6 +51,7 @@ import umjoin.spark.planning.{InputKind, JoinGraph, ProbeSteps, Reach, Streaming
  *                    stored longer ago are not probed any more, and removed
  * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
  *                    partition holds at most this many (spark.umjoin.stateCacheRows)
+ * @param staticCache what executors keep in memory of stored static tables (spark.umjoin.staticCache)
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -61,13 +66,14 @@ case class StreamingUMJoinExec(
     evictable: Seq[Option[Expression]],
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
+    staticCache: StaticCacheSettings,
     stateInfo: Option[StatefulOperatorStateInfo],
     eventTimeWatermarkForEviction: Option[Long],
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = "umJoin"
-  override val stateStoreNames: Seq[String] = layout.streams.flatMap { j =>
+  override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
     InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(j, _))
   }
 
@@ -103,7 +109,14 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
         StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
         StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
-        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops"))
+        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
+        (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
+          StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
+          StatefulOperatorCustomSumMetric(s"staticCacheHitsInput$i", s"$name: probes served by the cache"),
+          StatefulOperatorCustomSumMetric(s"staticCacheMissesInput$i", s"$name: probes served by the stores"),
+          StatefulOperatorCustomSumMetric(s"staticCachedKeysInput$i", s"$name: cached keys"),
+          StatefulOperatorCustomSumMetric(s"staticCachedBytesInput$i", s"$name: cache memory bytes"),
+          StatefulOperatorCustomSumMetric(s"staticDiskBytesInput$i", s"$name: store bytes on disk")))
     }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
@@ -151,6 +164,12 @@ case class StreamingUMJoinExec(
       accumulator
     }
 
+    // Stored static tables: loaded into their stores in this batch, or probed there.
+    val staticLoads = layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
+      val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
+      if (decision.load) longMetric(s"staticLoadsInput$j") += 1
+      j -> decision
+    }.toMap
     val job = MicroBatchJob(
       graph = graph,
       kinds = layout.kinds,
@@ -161,7 +180,7 @@ case class StreamingUMJoinExec(
         val lookup = route.order.tail.zip(steps.map(_.lookup)).toMap
         start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(lookup(input))), steps, layout.segments(steps))
       },
-      states = layout.streams.map { j =>
+      states = layout.stored.map { j =>
         j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
           layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)))
       }.toMap,
@@ -171,6 +190,9 @@ case class StreamingUMJoinExec(
       stateTtlMs = stateTtlMs,
       nowMs = System.currentTimeMillis(),
       stateCacheRows = stateCacheRows,
+      staticLoads = staticLoads,
+      staticCache = staticCache,
+      staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
       partitions = partitions,
       info = info)
     val metrics = StageMetrics(
@@ -182,13 +204,17 @@ case class StreamingUMJoinExec(
       updated = longMetric("numUpdatedStateRows"),
       removed = longMetric("numRemovedStateRows"),
       stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
-      indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")))
+      indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
+      static = staticLoads.keys.map { i =>
+        i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
+          longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
+      }.toMap)
     val storeConfs = InputStateConf(conf)
     val serializableConf = new SerializableHadoopConf(hadoopConf)
     val self = this
 
-    // Partitioned inputs travel as their exchanges deliver them; broadcast tables as rows.
-    val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
+    // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is loaded); broadcast tables as rows.
+    val partitioned = children.indices.filter(j => layout.partitionClass(j).isDefined && staticLoads.get(j).forall(_.load))
     val position = partitioned.zipWithIndex.toMap
     val inputRdds = partitioned.map(children(_).execute())
     val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(children(j).executeBroadcast[Array[InternalRow]]()))
@@ -208,6 +234,18 @@ case class StreamingUMJoinExec(
     new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results())
   }
 
+  /** A row's bytes as Spark estimates them from its schema. */
+  private def rowBytes(attributes: Seq[Attribute]): Double = attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
+
+  /** v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the routes' steps into it. */
+  private def probingRowBytes(j: Int, routes: Seq[umjoin.spark.order.ProbeRoute], outputs: Seq[Seq[Attribute]]): Double = {
+    val sizes = routes.flatMap(route => route.order.indexOf(j) match {
+      case p if p > 0 => Some(rowBytes(route.order.take(p).flatMap(outputs)))
+      case _ => None
+    })
+    if (sizes.isEmpty) 1.0 else sizes.sum / sizes.size
+  }
+
   override def simpleString(maxFields: Int): String = {
     val graph = joinGraph
     val inputs = children.indices.map { i =>
@@ -218,7 +256,12 @@ case class StreamingUMJoinExec(
             val keys = ix.classes.map(c => graph.classes(c).keyOf(i).get)
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
-          s"${if (kind == InputKind.Stream) "" else "static, "}partitioned by ${partitionKey(i).get}" +
+          val static = kind match {
+            case InputKind.Stream => ""
+            case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
+            case _ => "static, read every batch, "
+          }
+          s"${static}partitioned by ${partitionKey(i).get}" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
       s"#$i ${inputLabels(i)} ($placement)"

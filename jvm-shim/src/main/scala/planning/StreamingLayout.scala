@@ -19,10 +19,23 @@ object InputKind {
   case object Stream extends InputKind { override val name = "stream" }
   /** A batch table, broadcast to every task in every micro-batch, as Spark's stream-static join broadcasts it. */
   case object StaticBroadcast extends InputKind { override val name = "static broadcast" }
-  /** A batch table too large to broadcast: read and hash-partitioned again in every micro-batch, as Spark's stream-static join does. */
+  /**
+   * A batch table too large to broadcast whose rows cannot be known unchanged between micro-batches
+   * (it reads a source other than files, or a nondeterministic expression): read and hash-partitioned
+   * again in every micro-batch, as Spark's stream-static join does.
+   */
   case object StaticPartitioned extends InputKind { override val name = "static" }
+  /**
+   * A batch table too large to broadcast, read from files: kept in stores partitioned and indexed
+   * like a stream's, written when the query (re)starts and again only when the table changes
+   * ([[umjoin.spark.exec.StaticVersions]]); between, the micro-batches probe the stores and never read the table.
+   */
+  case object StaticStored extends InputKind { override val name = "static stored" }
 
-  val byName: Map[String, InputKind] = Seq(Stream, StaticBroadcast, StaticPartitioned).map(k => k.name -> k).toMap
+  val byName: Map[String, InputKind] = Seq(Stream, StaticBroadcast, StaticPartitioned, StaticStored).map(k => k.name -> k).toMap
+
+  /** Kinds whose rows live in the StreamingUMJoin's state stores. */
+  def isStored(kind: InputKind): Boolean = kind == Stream || kind == StaticStored
 }
 
 /** How the partial combinations of a route reach the store probed next. */
@@ -61,12 +74,15 @@ final case class StreamingLayout(
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
+  /** The inputs kept in state stores: the streams and the stored static tables. */
+  def stored: Seq[Int] = kinds.indices.filter(i => InputKind.isStored(kinds(i)))
+
   /**
    * The steps of `route`: a store partitioned on a class the combination carries is reached in its
    * partition (in the same task when the combination is there already) and probed by that class;
-   * any other stream's store is reached in all partitions and probed by its widest index whose
-   * classes the combination all carries (one through the route's edge where there is one). A
-   * static table, indexed in memory per batch, is probed by every class of it the combination carries.
+   * any other store is reached in all partitions and probed by its widest index whose classes the
+   * combination all carries (one through the route's edge where there is one). A static table
+   * indexed in memory per batch is probed by every class of it the combination carries.
    */
   def steps(graph: JoinGraph, route: ProbeRoute): Seq[RoutedStep] = {
     def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
@@ -79,10 +95,10 @@ final case class StreamingLayout(
         case Some(p) if bound.contains(p) =>
           val reach = if (location.contains(p)) Reach.Local else Reach.ByKey(p)
           location = Some(p)
-          RoutedStep(reach, if (kinds(to) == InputKind.Stream) StoreIndex.single(p) else carried)
+          RoutedStep(reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
         case Some(p) =>
           location = Some(p)
-          val lookup = if (kinds(to) != InputKind.Stream) Some(carried) else {
+          val lookup = if (!InputKind.isStored(kinds(to))) Some(carried) else {
             val edge = classesOf(from) intersect classesOf(to)
             indexes(to).filter(_.classes.forall(bound.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
           }
@@ -103,7 +119,7 @@ final case class StreamingLayout(
 
   /**
    * The probe steps this layout can run whatever was bound before, for the adaptive policies: into a
-   * static table through any shared class; into a stream's store through its partitioning class, or
+   * table indexed in memory through any shared class; into a store through its partitioning class, or
    * through an index all of whose classes the probing input carries itself.
    */
   def probeGraph(graph: JoinGraph): ProbeGraph = {
@@ -112,7 +128,7 @@ final case class StreamingLayout(
       from <- 0 until n
       to <- 0 until n
       shared = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) && graph.classes(c).inputs.contains(to))
-      if from != to && shared.nonEmpty && (kinds(to) != InputKind.Stream || partitionClass(to).exists(shared.contains) ||
+      if from != to && shared.nonEmpty && (!InputKind.isStored(kinds(to)) || partitionClass(to).exists(shared.contains) ||
         indexes(to).exists(_.classes.forall(shared.contains)))
     } yield (from, to))
   }
@@ -132,12 +148,15 @@ final case class StreamingLayout(
 
 object StreamingLayout {
 
-  /** The version of the state's layout this code writes; it reads this one and the ones before (format 1: single-class indexes). */
-  val Format = 2
+  /**
+   * The version of the state's layout this code writes; it reads this one and the ones before
+   * (format 1: single-class indexes; format 2: no stored static tables).
+   */
+  val Format = 3
 
   /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
-   * route from [[ProbeCost.optimize]]; a stream's store is then indexed for each step of a route
+   * route from [[ProbeCost.optimize]]; a store (a stream's, a stored table's) is then indexed for each step of a route
    * that reaches it in all its partitions. With `compositeIndexes` such an index covers every class
    * of the store the combination carries there (one lookup finds exactly the rows agreeing on all
    * of them, where one class alone may find many that a later condition drops: TPC-H Q9's lineitems
@@ -161,7 +180,7 @@ object StreamingLayout {
     }
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics)
     val indexes = (0 until n).map { i =>
-      if (kinds(i) != InputKind.Stream) Nil
+      if (!InputKind.isStored(kinds(i))) Nil
       else choice.routes.values.toSeq.flatMap { route =>
         route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, ix)) => ix }
       }.distinct.sortBy(_.classes.mkString(","))

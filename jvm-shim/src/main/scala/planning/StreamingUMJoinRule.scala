@@ -15,24 +15,28 @@ import org.apache.spark.sql.catalyst.plans.Inner
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
 
 import umjoin.spark.UMJoinConf
-import umjoin.spark.exec.{StreamingUMJoinExec, StreamingUMJoinMemberExec}
+import umjoin.spark.exec.{StaticVersions, StreamingUMJoinExec, StreamingUMJoinMemberExec}
 import umjoin.spark.order.ProbeOrderPolicy
 import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 
 /**
  * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
- * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over.
+ * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over; a group
+ * of one stream and static tables has none, and `stateInfo` is a new operator's.
  */
 final case class StreamingGroupPlan(
     graph: JoinGraph,
     inputs: Seq[SparkPlan],
     layout: StreamingLayout,
-    identity: StreamingSymmetricHashJoinExec,
+    stateInfo: StatefulOperatorStateInfo,
+    identity: Option[StreamingSymmetricHashJoinExec],
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     evictionWatermark: Option[Long])
@@ -44,6 +48,8 @@ final case class StreamingGroupPlan(
  * every group of inner equi-joins whose inputs are connected by join keys becomes one
  * StreamingUMJoin, which keeps the top stream-stream join's state identity (operator id) and,
  * through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark bookkeeping.
+ * A group of one stream and static tables, one of them stored, takes a new operator id
+ * ([[MicroBatchIdentity]]): Spark's stream-static joins keep no state to take over.
  * The layout of its state (each input's partitioning key and indexes, the routes) is chosen by the
  * probe-cost model when the query starts on a new checkpoint, and read from the checkpoint after.
  * What cannot be converted keeps Spark's joins, and the reason is logged once per query run.
@@ -59,10 +65,23 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   override def apply(plan: SparkPlan): SparkPlan = {
     val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
-    if (stateful.isEmpty) plan
+    // Without a stream-stream join, a micro-batch may still join one stream with stored static tables,
+    // unless Spark plans it adaptively (as it does stateless micro-batches): then this rule sees one
+    // query stage at a time, and every stage, the static tables' scans too, runs in every batch.
+    lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
+    lazy val adaptive = plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
+    if (stateful.isEmpty && microBatch.isDefined && adaptive) {
+      if (plan.exists { case j: BaseJoinExec => j.children.count(PhysicalPatterns.isStreaming) == 1; case _ => false } &&
+          StreamingUMJoinRule.firstTime(microBatch.get.runId, StreamingUMJoinRule.AdaptiveStreamStatic)) logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
+      plan
+    } else if (stateful.isEmpty && microBatch.isEmpty) plan
     else {
       val conf = UMJoinConf.from(session.sessionState.conf)
-      val runId = stateful.head.getStateInfo.queryRunId
+      val runId = stateful.headOption.map(_.getStateInfo.queryRunId).getOrElse(microBatch.get.runId)
+      // A group without a stream-stream join gets a new operator id, by its root's place among the plan's joins.
+      val joins = plan.collect { case j: BaseJoinExec => j }
+      def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
+        microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1, session.sessionState.conf.numShufflePartitions))
       def unconverted(message: String): Unit = if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
       // Groups are tried several times while being split; an input's first micro-batch is measured once.
       val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
@@ -70,7 +89,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure, !conf.probeOrder.adaptive, newOperator), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
       // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -79,7 +98,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
-      checkCheckpoint(plan, accepted.map(_._2.identity))
+      checkCheckpoint(plan, accepted.flatMap(_._2.identity))
       tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
     }
   }
@@ -134,7 +153,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /** The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes composite with `compositeIndexes`). */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
-      compositeIndexes: Boolean): Either[String, StreamingGroupPlan] = {
+      compositeIndexes: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val inputs = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf).toIndexedSeq
@@ -148,14 +167,19 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       case _ => Nil
     }
     val outputs = inputs.map(_.output)
-    if (stateful.isEmpty) Left("it has no stream-stream join")
-    else if (streams.size < 2) Left("it joins fewer than two streams")
+    val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
+    if (streams.isEmpty) Left("it reads no stream")
+    else if (stateful.isEmpty && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
+      "broadcast or read again every micro-batch, which Spark's stream-static joins do as well, without state")
+    else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
+    else if (stateful.isEmpty && stateInfo.exists(info => info.storeVersion > 0 && !hasLayout(info)))
+      Left(s"the query ran before this micro-batch without UMJoin's state for it (no stores at batch ${stateInfo.get.storeVersion}); " +
+        "use a new checkpoint location to store its static tables")
     else JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
       else {
-        val identity = stateful.head
-        val info = identity.getStateInfo
-        val layout = recordedLayout(identity, graph, outputs).getOrElse {
+        val info = stateInfo.get
+        val layout = recordedLayout(info, graph, outputs).getOrElse {
           val measured = inputs.indices.map(i => measure(inputs(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
@@ -171,7 +195,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           graph = graph,
           inputs = inputs,
           layout = layout,
-          identity = identity,
+          stateInfo = info,
+          identity = stateful.headOption,
           lateRows = group.inputs.indices.map { i =>
             if (kinds(i) != InputKind.Stream) None
             else streamJoinAbove(group, group.inputs(i)).flatMap(j => StreamingWatermarks.lateRows(outputs(i), j.eventTimeWatermarkForLateEvents))
@@ -186,8 +211,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /** The layout recorded in the checkpoint for the group's state, if any; one that does not fit this group fails the query. */
-  private def recordedLayout(identity: StreamingSymmetricHashJoinExec, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Option[StreamingLayout] = {
-    val info = identity.getStateInfo
+  private def hasLayout(info: StatefulOperatorStateInfo): Boolean = {
+    val file = StreamingUMJoinExec.layoutFile(info)
+    file.getFileSystem(session.sessionState.newHadoopConf()).exists(file)
+  }
+
+  private def recordedLayout(info: StatefulOperatorStateInfo, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Option[StreamingLayout] = {
     val file = StreamingUMJoinExec.layoutFile(info)
     val fs = file.getFileSystem(session.sessionState.newHadoopConf())
     if (!fs.exists(file)) None
@@ -241,6 +270,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
     else input match {
       case _: BroadcastExchangeExec => InputKind.StaticBroadcast
+      case _ if StaticVersions.versionable(placeable(input)) => InputKind.StaticStored
       case _ => InputKind.StaticPartitioned
     }
 
@@ -253,7 +283,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
-    val info = plan.identity.getStateInfo
+    val info = plan.stateInfo
     val partitions = info.numPartitions
     val layout = plan.layout
     // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
@@ -283,11 +313,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       evictable = plan.evictable,
       stateTtlMs = conf.stateTtlMs,
       stateCacheRows = conf.stateCacheRows,
-      stateInfo = plan.identity.stateInfo,
+      staticCache = conf.staticCache,
+      stateInfo = Some(info),
       eventTimeWatermarkForEviction = plan.evictionWatermark,
       children = children)
     logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
-    group.members.collect { case j: StreamingSymmetricHashJoinExec if j ne plan.identity => j }
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j }
       .foldLeft(umjoin: SparkPlan)((child, replaced) => StreamingUMJoinMemberExec(replaced.stateInfo, child))
   }
 
@@ -295,16 +326,24 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
     ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
 
-  /** The stream an input reads: its files' directory (a file source), else its leaf's name. */
+  /**
+   * What an input reads: its files' directory (a file source: a micro-batch reads a stream's files
+   * by name, a static table by its directory), else its leaf's name.
+   */
   private def label(input: SparkPlan): String = input.collectLeaves().map {
     case scan: FileSourceScanExec =>
-      scan.relation.location.rootPaths.headOption.map(p => Option(p.getParent).map(_.getName).getOrElse(p.getName)).getOrElse("files")
+      val directory = (p: Path) => if (PhysicalPatterns.isStreaming(scan)) Option(p.getParent).getOrElse(p) else p
+      scan.relation.location.rootPaths.headOption.map(p => directory(p).getName).getOrElse("files")
     case leaf => leaf.nodeName
   }.distinct.mkString("+")
 }
 
 object StreamingUMJoinRule {
   private val logged = mutable.LinkedHashSet[(UUID, String, Boolean)]()
+
+  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them: Spark plans its " +
+    "micro-batches adaptively (a query without a stream-stream join), which re-reads every static table every batch; " +
+    "set spark.sql.adaptive.enabled=false for the query to store its large static tables in a StreamingUMJoin"
 
   /**
    * Whether `message` is new for this query run: what the rule says (why a group stays as Spark

@@ -70,3 +70,23 @@ final class StreamRateForecast[K](alpha: Double, forgetBelow: Double = 1e-3) {
   def rate(key: K): Double = rates.getOrElse(key, 0.0)
   def keys: collection.Set[K] = rates.keySet
 }
+
+/** Which rows of a stored static table an executor keeps in memory between micro-batches (spark.umjoin.staticCache). */
+sealed trait StaticCacheMode { def name: String }
+
+object StaticCacheMode {
+  /** None: every probe reads the store. */
+  case object Off extends StaticCacheMode { override val name = "off" }
+  /** The keys [[CacheModel]] chooses, learned from the probes of the batches before. */
+  case object Ssbj extends StaticCacheMode { override val name = "ssbj" }
+  /** Every row, when the partition's rows fit the bound; else none. */
+  case object All extends StaticCacheMode { override val name = "all" }
+
+  val byName: Map[String, StaticCacheMode] = Seq(Off, Ssbj, All).map(m => m.name -> m).toMap
+}
+
+/**
+ * @param maxBytes   the memory of one partition's cache of one static table
+ * @param hysteresis the paper's s_f (see [[CacheModel]])
+ */
+final case class StaticCacheSettings(mode: StaticCacheMode, maxBytes: Long, hysteresis: Double)

@@ -1,0 +1,241 @@
+"""Stored static tables (issue 14): a table too big to broadcast, joined with streams, is written into the
+StreamingUMJoin's stores when the query starts and again only when it changes, and probed there through
+each executor's cache (spark.umjoin.staticCache). Answers are checked against Spark's own stream-static
+join and against the join computed here row by row, phase by phase, with the table as it was then."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from umjoin.local import temporary_conf
+
+from test_streaming import ROCKSDB, executed_plan, sorted_rows, stream, write_batches
+
+X_COLUMNS = "x_k BIGINT, x_v BIGINT"
+Y_COLUMNS = "y_k BIGINT, y_j BIGINT"
+T_SCHEMA = "t_j BIGINT, t_v BIGINT, t_pad STRING"
+T_LENGTH = 1024
+
+Row = tuple  # type: ignore[type-arg]
+
+
+def write_table(path: Path, rows: list[tuple[int | None, int]], mtime: int) -> None:
+    """The static table as one CSV file of T_LENGTH bytes: its rows, then one row with a NULL key whose
+    last field pads the file. Spark lists a table's files once, when the query starts, and reads each
+    file up to the length listed then: a change keeps the file's name and length (and, as any rewrite
+    does, moves its modification time)."""
+    body = "".join(f"{'' if j is None else j},{v},\n" for j, v in rows)
+    pad = T_LENGTH - len(body) - len(",,\n")
+    assert pad >= 0
+    path.write_text(body + ",," + "p" * pad + "\n")
+    os.utime(path, (mtime, mtime))
+
+
+def table_rows(rows: list[tuple[int | None, int]]) -> list[Row]:
+    body = "".join(f"{'' if j is None else j},{v},\n" for j, v in rows)
+    return [(j, v, None) for j, v in rows] + [(None, None, "p" * (T_LENGTH - len(body) - 3))]
+
+
+def random_table(rng: random.Random) -> list[tuple[int | None, int]]:
+    """Keys 0-5 with 0-3 rows each (key 6 and 7 never: stream rows find no master row), and NULL keys."""
+    rows: list[tuple[int | None, int]] = [(k, rng.randrange(1000)) for k in range(6) for _ in range(rng.randrange(4))]
+    return rows + [(None, rng.randrange(1000)) for _ in range(2)]
+
+
+def phase_data(rng: random.Random) -> tuple[list[Row], list[Row]]:
+    """One phase's stream rows; y's keys into t are skewed towards 0 and 1 (hot keys), some are NULL."""
+    xs = [(rng.choice([None, *range(6)]), rng.randrange(1000)) for _ in range(12)]
+    ys = [(rng.randrange(6), rng.choice([None, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7])) for _ in range(12)]
+    return xs, ys
+
+
+def expected_join(phases: list[tuple[list[Row], list[Row], list[Row]]]) -> list[Row]:
+    """x JOIN y ON x_k = y_k JOIN t ON y_j = t_j, where a pair of stream rows meets the table as it was in
+    the phase the later of the two arrived in (every phase's rows are processed before the table changes)."""
+    out = []
+    for px, (xs, _, _) in enumerate(phases):
+        for py, (_, ys, _) in enumerate(phases):
+            table = phases[max(px, py)][2]
+            for x in xs:
+                for y in ys:
+                    if x[0] is not None and x[0] == y[0]:
+                        out += [x + y + t for t in table if y[1] is not None and t[0] == y[1]]
+    return sorted(out, key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+
+
+def join(x: DataFrame, y: DataFrame, t: DataFrame) -> DataFrame:
+    return x.join(y, x.x_k == y.y_k).join(t, y.y_j == t.t_j)
+
+
+def umjoin_metric(query: StreamingQuery, name: str) -> int:
+    return sum(op["customMetrics"].get(name, 0) for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin")
+
+
+def static_input(plan: str) -> tuple[str, str]:
+    """The static table's input number and how the plan places it."""
+    (found,) = re.findall(r"#(\d+) [^(]*\((static, [^)]*)partitioned by t_j", plan)
+    return found
+
+
+SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "3", "spark.sql.adaptive.enabled": "false"}
+
+
+@pytest.mark.parametrize(("mode", "provider"), [
+    ("spark", "hdfs"), ("off", "rocksdb"), ("ssbj", "rocksdb"), ("all", "rocksdb"), ("ssbj", "hdfs")])
+def test_a_stored_table_gives_spark_answers_across_its_changes(spark: SparkSession, tmp_path: Path, mode: str, provider: str) -> None:
+    """Streams x and y joined with a static table t too big to broadcast over four phases; between phases t is
+    rewritten (other rows), then only touched, then left alone. Spark's stream-static join (mode 'spark') and
+    UMJoin with each cache mode give the join of each phase's rows with t as it was then; UMJoin loads t into
+    its stores three times (start, rewrite, touch) and probes the stores otherwise."""
+    rng = random.Random(14)
+    (tmp_path / "t").mkdir()
+    t_file = tmp_path / "t" / "t.csv"
+    first, rewritten = random_table(rng), random_table(rng)
+    tables = [first, rewritten, rewritten, rewritten]
+    phases = []
+    for p in range(4):
+        xs, ys = phase_data(rng)
+        phases.append((xs, ys, table_rows(tables[p])))
+    settings = {**SETTINGS, **(ROCKSDB if provider == "rocksdb" else {})}
+    settings.update({"spark.umjoin.enabled": "false"} if mode == "spark" else {"spark.umjoin.staticCache": mode})
+    with temporary_conf(spark, settings):
+        write_table(t_file, tables[0], 2_000_000)
+        for name, columns, rows in (("x", X_COLUMNS, phases[0][0]), ("y", Y_COLUMNS, phases[0][1])):
+            write_batches(tmp_path / name, columns, [rows])
+        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+        frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
+        query = frame.writeStream.format("memory").queryName(f"stored_{mode}_{provider}").option("checkpointLocation", str(tmp_path / "ck")).start()
+        try:
+            query.processAllAvailable()
+            for p in range(1, 4):
+                if p < 3:  # a rewrite with other rows, then the same rows touched
+                    write_table(t_file, tables[p], 2_000_000 + p)
+                write_batches(tmp_path / "x", X_COLUMNS, [phases[p][0]])
+                write_batches(tmp_path / "y", Y_COLUMNS, [phases[p][1]])
+                query.processAllAvailable()
+            plan = executed_plan(query)
+        finally:
+            query.stop()
+        rows = sorted_rows(spark.table(f"stored_{mode}_{provider}"))
+    expected = expected_join(phases)
+    assert len({r[5] for r in expected}) > 5  # the rewrite shows: t's values differ between phases
+    assert rows == expected
+    if mode == "spark":
+        assert "StreamingUMJoin" not in plan
+        return
+    number, placement = static_input(plan)
+    assert placement == f"static, stored, cache {mode}, "
+    probes = umjoin_metric(query, f"probesInput{number}")
+    hits, misses = (umjoin_metric(query, f"staticCache{kind}Input{number}") for kind in ("Hits", "Misses"))
+    assert umjoin_metric(query, f"staticLoadsInput{number}") == 3
+    assert probes > 0 and hits + misses <= probes
+    if mode == "off":
+        assert hits == 0 and umjoin_metric(query, f"staticCachedKeysInput{number}") == 0
+    else:
+        assert hits > 0 and umjoin_metric(query, f"staticCachedBytesInput{number}") > 0
+    if provider == "rocksdb":
+        assert umjoin_metric(query, f"staticDiskBytesInput{number}") > 0
+
+
+def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkSession, tmp_path: Path) -> None:
+    """Two runs on one checkpoint with t rewritten between them: the second run loads t again (an executor's
+    cache and the driver's record of t's files do not outlive their query) and joins its rows with the new t;
+    the output holds every row once. Nothing is kept in memory once the queries stopped."""
+    rng = random.Random(3)
+    (tmp_path / "t").mkdir()
+    t_file = tmp_path / "t" / "t.csv"
+    tables = [random_table(rng), random_table(rng)]
+    phases = [(*phase_data(rng), table_rows(tables[p])) for p in range(2)]
+    loads = []
+    with temporary_conf(spark, {**SETTINGS, **ROCKSDB, "spark.umjoin.staticCache": "ssbj"}):
+        for p in range(2):
+            write_table(t_file, tables[p], 2_000_000 + p)
+            write_batches(tmp_path / "x", X_COLUMNS, [phases[p][0]])
+            write_batches(tmp_path / "y", Y_COLUMNS, [phases[p][1]])
+            t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+            frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
+            query = (frame.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                     .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            number, _ = static_input(executed_plan(query))
+            loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    assert loads == [1, 1]
+    assert rows == expected_join(phases) and len(rows) > 0
+    jvm = spark._jvm.umjoin.spark.exec  # type: ignore[union-attr]
+    deadline = time.time() + 20
+    while (jvm.StaticVersions.tracked() or jvm.StaticCaches.count()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert jvm.StaticVersions.tracked() == 0 and jvm.StaticCaches.count() == 0, "kept after their queries stopped"
+
+
+def test_a_table_whose_rows_cannot_be_known_unchanged_is_read_every_batch(spark: SparkSession, tmp_path: Path) -> None:
+    """A static side with a nondeterministic expression cannot be stored (its rows may differ in every batch):
+    it is read and partitioned in every batch, as Spark does, with Spark's answers."""
+    rng = random.Random(8)
+    (tmp_path / "t").mkdir()
+    write_table(tmp_path / "t" / "t.csv", random_table(rng), 2_000_000)
+    phases = [(*phase_data(rng), None) for _ in range(2)]
+    with temporary_conf(spark, SETTINGS):
+        for name, columns, part in (("x", X_COLUMNS, 0), ("y", Y_COLUMNS, 1)):
+            write_batches(tmp_path / name, columns, [phase[part] for phase in phases])
+        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t")).where(F.rand() + F.col("t_v") >= 0)  # true, but not folded away
+        frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
+        query = frame.writeStream.format("memory").queryName("unstored").option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+        query.awaitTermination()
+        rows = sorted_rows(spark.table("unstored"))
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            expected = sorted_rows(join(spark.read.parquet(str(tmp_path / "x")), spark.read.parquet(str(tmp_path / "y")), t))
+    _, placement = static_input(executed_plan(query))
+    assert placement == "static, read every batch, "
+    assert rows == expected and len(rows) > 0
+
+
+def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark: SparkSession, tmp_path: Path) -> None:
+    """One stream x joined with a stored table t and a broadcast table u: Spark keeps no state for such
+    stream-static joins, but scans and shuffles t every micro-batch. The StreamingUMJoin takes a new operator
+    id, stores t once per run (three runs on one checkpoint here, t rewritten before the second), keeps none of
+    x's rows, and gives the join of each run's rows with t as it was then."""
+    rng = random.Random(21)
+    (tmp_path / "t").mkdir()
+    t_file = tmp_path / "t" / "t.csv"
+    first, rewritten = random_table(rng), random_table(rng)
+    tables = [first, rewritten, rewritten]
+    u_rows = [(k, f"u{k}") for k in range(4)]
+    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [u_rows])
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(15)] for _ in range(3)]
+    plans, loads, stream_rows = [], [], []
+    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
+        for p in range(3):
+            write_table(t_file, tables[p], 2_000_000 + p)
+            write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
+            t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+            u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
+            x = stream(spark, tmp_path / "x", X_COLUMNS)
+            frame = x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k)
+            query = (frame.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                     .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            plan = executed_plan(query)
+            plans.append(plan)
+            number, _ = static_input(plan)
+            loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
+            stream_input = re.findall(r"#(\d+) x \(partitioned by", plan)[0]
+            stream_rows.append(umjoin_metric(query, f"stateRowsInput{stream_input}"))
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    expected = sorted(
+        ((xk, xv, *trow, uk, name) for p in range(3) for xk, xv in phases[p] for trow in table_rows(tables[p])
+         for uk, name in u_rows if xk is not None and xk == trow[0] and xv == uk),
+        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    assert rows == expected and len(rows) > 0
+    assert all("StreamingUMJoin" in plan and "(static, broadcast)" in plan for plan in plans), plans[0]
+    assert loads == [1, 1, 1] and stream_rows == [0, 0, 0]
