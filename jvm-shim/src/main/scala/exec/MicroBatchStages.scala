@@ -74,8 +74,8 @@ final case class MicroBatchJob(
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
-  /** The inputs kept in state stores: the streams and the stored static tables. */
-  val stored: Seq[Int] = kinds.indices.filter(i => InputKind.isStored(kinds(i)))
+  /** The inputs whose rows live in state stores (see [[umjoin.spark.planning.StreamingLayout.stored]]). */
+  val stored: Seq[Int] = states.keys.toSeq.sorted
 
   /** Whether input j is a stored static table this batch writes (so its rows come from its child, not its stores). */
   def loads(j: Int): Boolean = staticLoads.get(j).exists(_.load)
@@ -123,7 +123,7 @@ private[exec] final class StageTask(
   // A stored static table's rows never expire: the table is loaded again when it changes.
   private def visibleIn(j: Int): Long => Boolean = if (job.kinds(j) == InputKind.Stream) visible else _ => true
 
-  // The stores of the streams: written (and read) in the last stage, read-only before it.
+  // The stores of the streams and stored tables: written (and read) in the last stage, read-only before it.
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   private def writerOf(j: Int): InputStateWriter =
@@ -286,8 +286,7 @@ private[exec] final class StageTask(
       }
       job.kinds(j) match {
         case InputKind.Stream =>
-          // A stream's rows wait for other streams' rows; the only stream of a join with static tables keeps none.
-          if (job.streams.size > 1) store(fresh(j, Some(metrics.droppedLate)))
+          store(fresh(j, Some(metrics.droppedLate)))
           val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
           if (job.stateTtlMs.isDefined || evict.isDefined) {
             metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))

@@ -210,7 +210,8 @@ case class StreamingUMJoinExec(
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap)
     val storeConfs = InputStateConf(conf)
-    val serializableConf = new SerializableHadoopConf(hadoopConf)
+    // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
+    val serializableConf = sparkContext.broadcast(new SerializableHadoopConf(hadoopConf))
     val self = this
 
     // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is loaded); broadcast tables as rows.
@@ -221,7 +222,7 @@ case class StreamingUMJoinExec(
 
     def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
       new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
-        metrics, storeConfs, serializableConf.value, statistics, writers => {
+        metrics, storeConfs, serializableConf.value.value, statistics, writers => {
           writers.foreach(w => self.setStoreMetrics(w.primary, false))
           writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
           self.setOperatorMetrics(writers.map(_.stores.size).sum)

@@ -74,8 +74,11 @@ final case class StreamingLayout(
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
-  /** The inputs kept in state stores: the streams and the stored static tables. */
-  def stored: Seq[Int] = kinds.indices.filter(i => InputKind.isStored(kinds(i)))
+  /**
+   * The inputs whose rows live in state stores: the stored static tables, and the streams where
+   * there are several (the only stream of a join with static tables keeps no row: no later row can join it).
+   */
+  def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored || (kinds(i) == InputKind.Stream && streams.size > 1))
 
   /**
    * The steps of `route`: a store partitioned on a class the combination carries is reached in its
