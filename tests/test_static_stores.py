@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from umjoin import plans
 from umjoin.local import temporary_conf
 
 from test_streaming import ROCKSDB, executed_plan, sorted_rows, stream, write_batches
@@ -72,6 +73,16 @@ def expected_join(phases: list[tuple[list[Row], list[Row], list[Row]]]) -> list[
     return sorted(out, key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
 
 
+def process_all(query: StreamingQuery, rows: int) -> None:
+    """Waits until the query has read `rows` input rows in all: processAllAvailable alone may return while a
+    file written just before is not listed yet (then the table would change before its batch)."""
+    deadline = time.time() + 60
+    while sum(p["numInputRows"] for p in query.recentProgress) < rows and time.time() < deadline:
+        query.processAllAvailable()
+        time.sleep(0.1)
+    assert sum(p["numInputRows"] for p in query.recentProgress) == rows
+
+
 def join(x: DataFrame, y: DataFrame, t: DataFrame) -> DataFrame:
     return x.join(y, x.x_k == y.y_k).join(t, y.y_j == t.t_j)
 
@@ -92,17 +103,17 @@ SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.par
 @pytest.mark.parametrize(("mode", "provider"), [
     ("spark", "hdfs"), ("off", "rocksdb"), ("ssbj", "rocksdb"), ("all", "rocksdb"), ("ssbj", "hdfs")])
 def test_a_stored_table_gives_spark_answers_across_its_changes(spark: SparkSession, tmp_path: Path, mode: str, provider: str) -> None:
-    """Streams x and y joined with a static table t too big to broadcast over four phases; between phases t is
-    rewritten (other rows), then only touched, then left alone. Spark's stream-static join (mode 'spark') and
+    """Streams x and y joined with a static table t too big to broadcast over five phases; between phases t is
+    rewritten (other rows), then only touched, then left alone twice (so a cache has a batch to learn in and one to serve). Spark's stream-static join (mode 'spark') and
     UMJoin with each cache mode give the join of each phase's rows with t as it was then; UMJoin loads t into
     its stores three times (start, rewrite, touch) and probes the stores otherwise."""
     rng = random.Random(14)
     (tmp_path / "t").mkdir()
     t_file = tmp_path / "t" / "t.csv"
     first, rewritten = random_table(rng), random_table(rng)
-    tables = [first, rewritten, rewritten, rewritten]
+    tables = [first, rewritten, rewritten, rewritten, rewritten]
     phases = []
-    for p in range(4):
+    for p in range(5):
         xs, ys = phase_data(rng)
         phases.append((xs, ys, table_rows(tables[p])))
     settings = {**SETTINGS, **(ROCKSDB if provider == "rocksdb" else {})}
@@ -115,13 +126,15 @@ def test_a_stored_table_gives_spark_answers_across_its_changes(spark: SparkSessi
         frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
         query = frame.writeStream.format("memory").queryName(f"stored_{mode}_{provider}").option("checkpointLocation", str(tmp_path / "ck")).start()
         try:
-            query.processAllAvailable()
-            for p in range(1, 4):
+            written = len(phases[0][0]) + len(phases[0][1])
+            process_all(query, written)
+            for p in range(1, 5):
                 if p < 3:  # a rewrite with other rows, then the same rows touched
                     write_table(t_file, tables[p], 2_000_000 + p)
                 write_batches(tmp_path / "x", X_COLUMNS, [phases[p][0]])
                 write_batches(tmp_path / "y", Y_COLUMNS, [phases[p][1]])
-                query.processAllAvailable()
+                written += len(phases[p][0]) + len(phases[p][1])
+                process_all(query, written)
             plan = executed_plan(query)
         finally:
             query.stop()
@@ -178,21 +191,27 @@ def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkS
     assert jvm.StaticVersions.tracked() == 0 and jvm.StaticCaches.count() == 0, "kept after their queries stopped"
 
 
-def test_a_table_whose_rows_cannot_be_known_unchanged_is_read_every_batch(spark: SparkSession, tmp_path: Path) -> None:
-    """A static side with a nondeterministic expression cannot be stored (its rows may differ in every batch):
-    it is read and partitioned in every batch, as Spark does, with Spark's answers."""
+@pytest.mark.parametrize("why", ["nondeterministic", "staticTables=reread"])
+def test_a_table_that_is_not_stored_is_read_every_batch(spark: SparkSession, tmp_path: Path, why: str) -> None:
+    """A static side with a nondeterministic expression cannot be stored (its rows may differ in every batch),
+    and spark.umjoin.staticTables=reread stores none: such a table is read and partitioned in every batch,
+    as Spark does, with Spark's answers."""
     rng = random.Random(8)
     (tmp_path / "t").mkdir()
     write_table(tmp_path / "t" / "t.csv", random_table(rng), 2_000_000)
     phases = [(*phase_data(rng), None) for _ in range(2)]
-    with temporary_conf(spark, SETTINGS):
+    settings = {**SETTINGS, **({"spark.umjoin.staticTables": "reread"} if why == "staticTables=reread" else {})}
+    with temporary_conf(spark, settings):
         for name, columns, part in (("x", X_COLUMNS, 0), ("y", Y_COLUMNS, 1)):
             write_batches(tmp_path / name, columns, [phase[part] for phase in phases])
-        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t")).where(F.rand() + F.col("t_v") >= 0)  # true, but not folded away
+        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+        if why == "nondeterministic":
+            t = t.where(F.rand() + F.col("t_v") >= 0)  # true, but not folded away
         frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
-        query = frame.writeStream.format("memory").queryName("unstored").option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+        name = f"unstored_{why.replace('=', '_')}"
+        query = frame.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
         query.awaitTermination()
-        rows = sorted_rows(spark.table("unstored"))
+        rows = sorted_rows(spark.table(name))
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             expected = sorted_rows(join(spark.read.parquet(str(tmp_path / "x")), spark.read.parquet(str(tmp_path / "y")), t))
     _, placement = static_input(executed_plan(query))
@@ -213,7 +232,7 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
     u_rows = [(k, f"u{k}") for k in range(4)]
     write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [u_rows])
     phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(15)] for _ in range(3)]
-    plans, loads, stream_rows = [], [], []
+    executed, loads, stream_rows = [], [], []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
         for p in range(3):
             write_table(t_file, tables[p], 2_000_000 + p)
@@ -226,7 +245,7 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
                      .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
             query.awaitTermination()
             plan = executed_plan(query)
-            plans.append(plan)
+            executed.append(plan)
             number, _ = static_input(plan)
             loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
             stream_input = re.findall(r"#(\d+) x \(partitioned by", plan)[0]
@@ -237,5 +256,38 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
          for uk, name in u_rows if xk is not None and xk == trow[0] and xv == uk),
         key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
     assert rows == expected and len(rows) > 0
-    assert all("StreamingUMJoin" in plan and "(static, broadcast)" in plan for plan in plans), plans[0]
+    assert all("StreamingUMJoin" in plan and "(static, broadcast)" in plan for plan in executed), executed[0]
     assert loads == [1, 1, 1] and stream_rows == [0, 0, 0]
+
+
+def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark_planned_it(spark: SparkSession, tmp_path: Path) -> None:
+    """One stream with a stored table runs as a StreamingUMJoin, then a run with AQE on (Spark's stream-static
+    join: the UMJoin stores miss that batch), then AQE off again: the stores have no version for the next batch,
+    so the join stays as Spark planned it (no stack trace), says so, and the output holds every row once."""
+    rng = random.Random(30)
+    (tmp_path / "t").mkdir()
+    table = random_table(rng)
+    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
+    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(3)]
+    executed, reasons = [], []
+    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
+        for p, adaptive in enumerate(["false", "true", "false"]):
+            write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
+            with temporary_conf(spark, {"spark.sql.adaptive.enabled": adaptive}):
+                t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+                u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
+                x = stream(spark, tmp_path / "x", X_COLUMNS)
+                query = (x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+                query.awaitTermination()
+            executed.append(executed_plan(query))
+            reasons.append(plans.unconverted_streaming_joins(spark, query))
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    expected = sorted(
+        ((xk, xv, *trow, uk, f"u{uk}") for p in range(3) for xk, xv in phases[p] for trow in table_rows(table)
+         for uk in range(4) if xk is not None and xk == trow[0] and xv == uk),
+        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    assert rows == expected and len(rows) > 0
+    assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
+    assert reasons[2], "nothing said about the joins that stayed"

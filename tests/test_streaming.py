@@ -35,9 +35,14 @@ def write_batches(directory: Path, columns: str, batches: list[list[tuple]]) -> 
         con.execute(f"CREATE OR REPLACE TABLE t ({columns})")
         if rows:
             con.executemany(f"INSERT INTO t VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        # Written under a hidden name and renamed once complete and dated: a running query's file source
+        # must never list it half-written, or with today's date (its 7-day file age would then skip every
+        # later file, dated as batch order).
         path = directory / f"batch-{b:04d}.parquet"
-        con.execute(f"COPY t TO '{path}' (FORMAT parquet)")
-        os.utime(path, (1_000_000 + b, 1_000_000 + b))
+        hidden = directory / f".{path.name}.tmp"
+        con.execute(f"COPY t TO '{hidden}' (FORMAT parquet)")
+        os.utime(hidden, (1_000_000 + b, 1_000_000 + b))
+        hidden.rename(path)
     con.close()
 
 

@@ -19,6 +19,7 @@ final case class UMJoinConf(
     stores: StoreSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
+    storeStaticTables: Boolean,
     staticCache: StaticCacheSettings,
     probeOrder: ProbeOrderSettings)
 
@@ -33,6 +34,7 @@ object UMJoinConf {
   val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
   val StateTtl = "spark.umjoin.stateTtl"
   val StateCacheRows = "spark.umjoin.stateCacheRows"
+  val StaticTables = "spark.umjoin.staticTables"
   val StaticCache = "spark.umjoin.staticCache"
   val StaticCacheMaxBytes = "spark.umjoin.staticCache.maxBytes"
   val StaticCacheHysteresis = "spark.umjoin.staticCache.hysteresis"
@@ -66,6 +68,11 @@ object UMJoinConf {
       stores = stores,
       stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)),
       stateCacheRows = parseInt(StateCacheRows, conf.getConfString(StateCacheRows, "100000"), min = 0).toLong,
+      storeStaticTables = conf.getConfString(StaticTables, "store").trim.toLowerCase(java.util.Locale.ROOT) match {
+        case "store" => true
+        case "reread" => false
+        case other => throw invalid(StaticTables, other, "store or reread")
+      },
       staticCache = staticCacheSettings(conf),
       probeOrder = probeOrderSettings(conf))
   }

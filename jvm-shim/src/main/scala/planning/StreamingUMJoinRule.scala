@@ -69,10 +69,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // unless Spark plans it adaptively (as it does stateless micro-batches): then this rule sees one
     // query stage at a time, and every stage, the static tables' scans too, runs in every batch.
     lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
-    lazy val adaptive = plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
+    // (Spark applies its session's AQE setting to micro-batches without stateful operators.)
+    lazy val adaptive = session.sessionState.conf.adaptiveExecutionEnabled ||
+      plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
-      if (plan.exists { case j: BaseJoinExec => j.children.count(PhysicalPatterns.isStreaming) == 1; case _ => false } &&
-          StreamingUMJoinRule.firstTime(microBatch.get.runId, StreamingUMJoinRule.AdaptiveStreamStatic)) logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
+      if (plan.exists(_.isInstanceOf[BaseJoinExec]) && StreamingUMJoinRule.firstTime(microBatch.get.runId, StreamingUMJoinRule.AdaptiveStreamStatic))
+        logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
       plan
     } else if (stateful.isEmpty && microBatch.isEmpty) plan
     else {
@@ -89,7 +91,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive, newOperator), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
       // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -151,12 +153,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     case other => other.nodeName
   }
 
-  /** The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes composite with `compositeIndexes`). */
+  /**
+   * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
+   * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`).
+   */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
-      compositeIndexes: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo]): Either[String, StreamingGroupPlan] = {
+      compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val inputs = group.inputs.map(placeable)
-    val kinds = group.inputs.map(kindOf).toIndexedSeq
+    val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
     val conjuncts = group.members.flatMap {
       case j: StreamingSymmetricHashJoinExec =>
@@ -168,13 +173,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
     val outputs = inputs.map(_.output)
     val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
+    // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
+    val recorded = stateful.isEmpty && stateInfo.exists(hasLayout)
     if (streams.isEmpty) Left("it reads no stream")
-    else if (stateful.isEmpty && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
-      "broadcast or read again every micro-batch, which Spark's stream-static joins do as well, without state")
     else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
-    else if (stateful.isEmpty && stateInfo.exists(info => info.storeVersion > 0 && !hasLayout(info)))
-      Left(s"the query ran before this micro-batch without UMJoin's state for it (no stores at batch ${stateInfo.get.storeVersion}); " +
-        "use a new checkpoint location to store its static tables")
+    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
+      "broadcast or read again every micro-batch (spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), " +
+      "which Spark's stream-static joins do as well, without state")
+    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && ranBefore(stateInfo.get)))
+      Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
+        s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
     else JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
       else {
@@ -210,7 +218,20 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
   }
 
-  /** The layout recorded in the checkpoint for the group's state, if any; one that does not fit this group fails the query. */
+  /**
+   * Whether the operator committed its stores in the previous micro-batch (so this one can read
+   * them): the first stored input's store in partition 0 has a file of this batch's version, as
+   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).
+   */
+  private def ranBefore(info: StatefulOperatorStateInfo): Boolean = {
+    val operator = StreamingUMJoinExec.layoutFile(info).getParent
+    val partition0 = new Path(operator, "0")
+    val fs = partition0.getFileSystem(session.sessionState.newHadoopConf())
+    fs.exists(partition0) && fs.listStatus(partition0).filter(_.isDirectory).exists { store =>
+      fs.listStatus(store.getPath).exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") || f.getPath.getName.startsWith(s"${info.storeVersion}_"))
+    }
+  }
+
   private def hasLayout(info: StatefulOperatorStateInfo): Boolean = {
     val file = StreamingUMJoinExec.layoutFile(info)
     file.getFileSystem(session.sessionState.newHadoopConf()).exists(file)
@@ -266,11 +287,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       case other => streamJoinAbove(group, other)
     }
 
-  private def kindOf(input: SparkPlan): InputKind =
+  private def kindOf(input: SparkPlan, storeStatic: Boolean): InputKind =
     if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
     else input match {
       case _: BroadcastExchangeExec => InputKind.StaticBroadcast
-      case _ if StaticVersions.versionable(placeable(input)) => InputKind.StaticStored
+      case _ if storeStatic && StaticVersions.versionable(placeable(input)) => InputKind.StaticStored
       case _ => InputKind.StaticPartitioned
     }
 
