@@ -336,11 +336,15 @@ def test_small_stored_inputs_are_probed_in_memory_with_the_same_answer(spark: Sp
     frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT") for n in "xyz"}
     with temporary_conf(spark, {**ROCKSDB, "spark.sql.shuffle.partitions": "2", "spark.umjoin.stateCacheRows": cache_rows}):
         rows, query = run_to_end(chain(frames), f"state_cache_{cache_rows}", tmp_path / "ck")
-    read = [op["customMetrics"]["stateRowsReadIntoMemory"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
+    metrics = [op["customMetrics"] for p in query.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
+    read = [m["stateRowsReadIntoMemory"] for m in metrics]
     if cache_rows == "0":
         assert sum(read) == 0
     else:  # from the second batch on, the stores the first batches committed are read into memory
         assert read[0] == 0 and sum(read[1:]) > 0
+    # A few rows take a few kB in memory, not one of Spark's memory pages (at least 1 MB) per index and task.
+    index_bytes = [m["memoryIndexBytes"] for m in metrics]
+    assert all(0 < b < 100_000 for b in index_bytes[:4]), index_bytes
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         assert rows == sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"})) and len(rows) > 0
 

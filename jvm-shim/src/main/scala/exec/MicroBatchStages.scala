@@ -31,6 +31,7 @@ final case class StageMetrics(
     inputs: IndexedSeq[InputMetrics],
     shipped: SQLMetric,
     cachedStateRows: SQLMetric,
+    memoryIndexBytes: SQLMetric,
     droppedLate: SQLMetric,
     updated: SQLMetric,
     removed: SQLMetric,
@@ -147,6 +148,7 @@ private[exec] final class StageTask(
   private def indexInMemory(j: Int, rows: Iterator[InternalRow], indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
     val keys = indexes.map(_.classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
     val stores = InMemoryStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
+    metrics.memoryIndexBytes += stores.map(_.sizeInBytes).sum
     indexes.zip(stores).zip(keys).map { case ((index, store), key) => index -> StageTask.keyedAsBuilt(store, key) }.toMap
   }
 

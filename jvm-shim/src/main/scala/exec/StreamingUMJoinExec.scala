@@ -99,7 +99,8 @@ case class StreamingUMJoinExec(
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = Seq(
     StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch"),
     StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores"),
-    StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there")) ++
+    StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there"),
+    StatefulOperatorCustomSumMetric("memoryIndexBytes", "bytes of the indexes built in memory to be probed")) ++
     children.indices.flatMap { i =>
       val name = s"input #$i ${inputLabels(i)}"
       Seq(
@@ -200,6 +201,7 @@ case class StreamingUMJoinExec(
       inputs = children.indices.map(inputMetrics),
       shipped = longMetric("partialCombinationsShipped"),
       cachedStateRows = longMetric("stateRowsReadIntoMemory"),
+      memoryIndexBytes = longMetric("memoryIndexBytes"),
       droppedLate = longMetric("numRowsDroppedByWatermark"),
       updated = longMetric("numUpdatedStateRows"),
       removed = longMetric("numRemovedStateRows"),

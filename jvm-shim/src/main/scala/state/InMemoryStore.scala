@@ -3,6 +3,8 @@
 // Nothing else of the shim does.
 package org.apache.spark.sql.execution.umjoin
 
+import scala.collection.mutable.ArrayBuffer
+
 import org.apache.spark.TaskContext
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.catalyst.InternalRow
@@ -10,7 +12,7 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeP
 import org.apache.spark.sql.execution.{ExternalAppendOnlyUnsafeRowArray, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelation
 
-import umjoin.spark.state.JoinStore
+import umjoin.spark.state.{JoinStore, SmallStore}
 
 /**
  * A store in Spark's own memory-managed hash map (BytesToBytesMap / LongToUnsafeRowMap of UnsafeRows).
@@ -33,21 +35,33 @@ object InMemoryStore {
 
   /**
    * The stores of one task's partition of an input, one per index (`indexKeys`, bound to the input's
-   * output), in memory granted by the task's memory manager; freed when the task ends. With several
-   * indexes the rows are read once into Spark's spillable row buffer and indexed from there.
+   * output). Rows that fit in a small store's bytes stay in JVM maps; more go to Spark's hash maps in
+   * memory granted by the task's memory manager, freed when the task ends. With several indexes
+   * those rows are read once into Spark's spillable row buffer and indexed from there.
    */
-  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[InMemoryStore] = {
+  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] = {
     // The hash map copies UnsafeRow bytes; most operators already produce UnsafeRows.
     lazy val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
     val unsafeRows = rows.map {
       case u: UnsafeRow => u
       case other => toUnsafe(other)
     }
+    val first = ArrayBuffer[UnsafeRow]()
+    var firstBytes = 0L
+    while (firstBytes <= SmallStore.MaxBytes && unsafeRows.hasNext) {
+      val row = unsafeRows.next().copy()
+      first += row
+      firstBytes += row.getSizeInBytes
+    }
+    if (firstBytes <= SmallStore.MaxBytes) return SmallStore.build(first.toSeq, indexKeys)
+
+    val all = first.iterator ++ unsafeRows
     val stores = indexKeys match {
-      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(unsafeRows, keys, 64, context.taskMemoryManager()), owned = true))
+      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(all, keys, 64, context.taskMemoryManager()), owned = true))
       case _ =>
         val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
-        unsafeRows.foreach(buffer.add)
+        all.foreach(buffer.add)
+        first.clear()
         val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
         buffer.clear()
         built
