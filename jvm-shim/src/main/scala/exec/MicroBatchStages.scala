@@ -183,7 +183,7 @@ private[exec] final class StageTask(
     val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
     StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation, new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
       StoreIndex.single(spec.partitionClass),
-      spec.allIndexes.map { case (ix, keys) => ix -> (() => UnsafeProjection.create(keys, spec.output)) }.toMap,
+      spec.allIndexes.map { case (ix, keys) => ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
       masterRowBytes, streamRowBytes))
   }
   private val staticViews = mutable.Map[(Int, StoreIndex), JoinStore]()

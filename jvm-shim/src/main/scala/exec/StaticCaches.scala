@@ -7,12 +7,12 @@ import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Expression, UnsafeRow}
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 import umjoin.spark.planning.StoreIndex
-import umjoin.spark.state.{CacheModel, JoinStore, KeyStatistics, StaticCacheMode, StaticCacheSettings, StreamRateForecast}
+import umjoin.spark.state.{CacheModel, JoinStore, KeyStatistics, SmallStore, StaticCacheMode, StaticCacheSettings, StreamRateForecast}
 
 /**
  * What an executor keeps in memory of the stored static tables of running StreamingUMJoins
@@ -56,7 +56,7 @@ object StaticCaches {
  * `all`: every row, indexed by every index of the store, read once from the store; if the rows pass
  * `maxBytes`, nothing (the store is probed).
  *
- * @param indexKeys        per index of the store, the projection of a row to its key
+ * @param indexKeys        per index of the store, its key bound to the table's rows
  * @param masterRowBytes   v_R before any row is measured (from the table's schema)
  * @param streamRowBytes   v_S: the rows that probe the table (from their schema)
  */
@@ -64,7 +64,7 @@ final class StaticInputCache(
     val generation: Long,
     settings: StaticCacheSettings,
     partitionIndex: StoreIndex,
-    indexKeys: Map[StoreIndex, () => UnsafeProjection],
+    indexKeys: Map[StoreIndex, Seq[Expression]],
     masterRowBytes: Double,
     streamRowBytes: Double) {
 
@@ -80,11 +80,11 @@ final class StaticInputCache(
   private var measuredRows = 0L
   private var measuredBytes = 0L
   // all: every row by index, once read (None: not read yet; Some(empty): too large for the bound).
-  private var whole: Option[Map[StoreIndex, java.util.HashMap[UnsafeRow, Array[UnsafeRow]]]] = None
+  private var whole: Option[Map[StoreIndex, SmallStore]] = None
   private var bytes = 0L
 
   def cachedKeys: Long = synchronized(whole match {
-    case Some(tables) => tables.get(partitionIndex).map(_.size.toLong).getOrElse(0L)
+    case Some(tables) => tables.get(partitionIndex).map(_.keyCount).getOrElse(0L)
     case None => cached.size.toLong
   })
   def cachedBytes: Long = synchronized(bytes)
@@ -95,12 +95,12 @@ final class StaticInputCache(
    */
   def view(index: StoreIndex, store: JoinStore, allRows: () => Iterator[InternalRow], hits: SQLMetric, misses: SQLMetric): JoinStore =
     settings.mode match {
-      case StaticCacheMode.Off => counted(store, misses)
+      case StaticCacheMode.Off => new StaticInputCache.Counted(store, misses)
       case StaticCacheMode.All =>
         synchronized(if (whole.isEmpty) whole = Some(readAll(allRows())))
         whole.get.get(index) match {
-          case Some(table) => new StaticInputCache.Table(table, hits)
-          case None => counted(store, misses)
+          case Some(table) => new StaticInputCache.Counted(table, hits)
+          case None => new StaticInputCache.Counted(store, misses)
         }
       case StaticCacheMode.Ssbj if index == partitionIndex => new JoinStore {
         override def get(key: UnsafeRow): Iterator[InternalRow] = StaticInputCache.this.synchronized {
@@ -113,7 +113,8 @@ final class StaticInputCache(
           } else {
             misses += 1
             val seen = key.copy()
-            StaticInputCache.counting(store.get(key), n => StaticInputCache.this.synchronized(masterRows.put(seen, n)))
+            var rows = 0L
+            StageTask.whenDone(store.get(key).map { row => rows += 1; row }, () => StaticInputCache.this.synchronized(masterRows.put(seen, rows)))
           }
         }
         override def isEmpty: Boolean = false
@@ -121,7 +122,7 @@ final class StaticInputCache(
         override def sizeInBytes: Long = 0L
         override def close(): Unit = ()
       }
-      case StaticCacheMode.Ssbj => counted(store, misses)
+      case StaticCacheMode.Ssbj => new StaticInputCache.Counted(store, misses)
     }
 
   /**
@@ -150,80 +151,42 @@ final class StaticInputCache(
     }
   }
 
-  private def readAll(rows: Iterator[InternalRow]): Map[StoreIndex, java.util.HashMap[UnsafeRow, Array[UnsafeRow]]] = {
-    val projections = indexKeys.map { case (ix, projection) => ix -> projection() }
-    val tables = indexKeys.keys.map(_ -> mutable.HashMap[UnsafeRow, mutable.ArrayBuffer[UnsafeRow]]()).toMap
-    var used = 0L
-    val fits = rows.forall { row =>
-      val copy = row.asInstanceOf[UnsafeRow].copy()
-      projections.foreach { case (ix, projection) =>
-        val key = projection(copy)
-        val list = tables(ix).getOrElseUpdate(key.copy(), { used += key.getSizeInBytes + StaticInputCache.EntryOverhead; mutable.ArrayBuffer() })
-        list += copy
-        used += 8
-      }
-      used += copy.getSizeInBytes
-      used <= settings.maxBytes
+  /** Every row by every index, or no index if their bytes pass `maxBytes` (reading stops there). */
+  private def readAll(rows: Iterator[InternalRow]): Map[StoreIndex, SmallStore] = {
+    val copies = mutable.ArrayBuffer[UnsafeRow]()
+    var rowBytes = 0L
+    while (rowBytes <= settings.maxBytes && rows.hasNext) {
+      val copy = rows.next().asInstanceOf[UnsafeRow].copy()
+      copies += copy
+      rowBytes += copy.getSizeInBytes
     }
-    if (!fits) Map.empty
+    val (indexes, keys) = indexKeys.toSeq.unzip
+    val tables = if (rowBytes > settings.maxBytes) Nil else SmallStore.build(copies.toSeq, keys)
+    // Each index counts the rows as its own: an upper bound of what they share.
+    val used = tables.map(_.sizeInBytes).sum
+    if (tables.isEmpty || used > settings.maxBytes) Map.empty
     else {
       bytes = used
-      tables.map { case (ix, table) =>
-        val out = new java.util.HashMap[UnsafeRow, Array[UnsafeRow]](table.size * 2)
-        table.foreach { case (k, rs) => out.put(k, rs.toArray) }
-        ix -> out
-      }
+      indexes.zip(tables).toMap
     }
-  }
-
-  private def counted(store: JoinStore, misses: SQLMetric): JoinStore = new JoinStore {
-    override def get(key: UnsafeRow): Iterator[InternalRow] = {
-      misses += 1
-      store.get(key)
-    }
-    override def isEmpty: Boolean = store.isEmpty
-    override def keyCount: Long = store.keyCount
-    override def sizeInBytes: Long = store.sizeInBytes
-    override def close(): Unit = ()
   }
 }
 
 private object StaticInputCache {
   /** The weight of this batch's probes in n(j): half, the rest from the batches before. */
   val ForecastSmoothing = 0.5
-  /** A hash map entry's own bytes (node, key object, array header), beside the key's and rows' bytes. */
-  val EntryOverhead = 64L
-
   def entryBytes(key: UnsafeRow, rows: Array[UnsafeRow]): Long =
-    EntryOverhead + key.getSizeInBytes + rows.map(_.getSizeInBytes.toLong + 8).sum
+    SmallStore.EntryOverhead + key.getSizeInBytes + rows.map(_.getSizeInBytes.toLong + 8).sum
 
-  /** A cached table probed in memory. */
-  final class Table(table: java.util.HashMap[UnsafeRow, Array[UnsafeRow]], hits: SQLMetric) extends JoinStore {
+  /** `store`, each probe counted in `probes`. */
+  final class Counted(store: JoinStore, probes: SQLMetric) extends JoinStore {
     override def get(key: UnsafeRow): Iterator[InternalRow] = {
-      hits += 1
-      val rows = table.get(key)
-      if (rows == null) Iterator.empty else rows.iterator
+      probes += 1
+      store.get(key)
     }
-    override def isEmpty: Boolean = table.isEmpty
-    override def keyCount: Long = table.size.toLong
-    override def sizeInBytes: Long = 0L
+    override def isEmpty: Boolean = store.isEmpty
+    override def keyCount: Long = store.keyCount
+    override def sizeInBytes: Long = store.sizeInBytes
     override def close(): Unit = ()
-  }
-
-  /** `rows`, reporting how many there were once they ran out. */
-  def counting(rows: Iterator[InternalRow], done: Long => Unit): Iterator[InternalRow] = new Iterator[InternalRow] {
-    private var n = 0L
-    private var reported = false
-    override def hasNext: Boolean = rows.hasNext || {
-      if (!reported) {
-        reported = true
-        done(n)
-      }
-      false
-    }
-    override def next(): InternalRow = {
-      n += 1
-      rows.next()
-    }
   }
 }

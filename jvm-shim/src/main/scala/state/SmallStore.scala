@@ -32,8 +32,8 @@ object SmallStore {
   /** The most row bytes a small store holds: what the smallest page of Spark's own maps holds. */
   val MaxBytes: Long = 1L << 20
 
-  // What a key's entry costs beyond the key's and rows' bytes: the map's entry, the key object and the row buffer.
-  private val EntryOverhead = 96L
+  /** What a key's entry in a JVM hash map costs beyond the key's and rows' bytes: the map's node, the key object, the rows' buffer. */
+  val EntryOverhead = 96L
 
   /** One store per index (`indexKeys`, bound to the rows); rows (copies, owned by the caller) whose key has a NULL are left out. */
   def build(rows: Seq[UnsafeRow], indexKeys: Seq[Seq[Expression]]): Seq[SmallStore] = indexKeys.map { keys =>
