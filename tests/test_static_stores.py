@@ -290,4 +290,5 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
         key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
     assert rows == expected and len(rows) > 0
     assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
-    assert reasons[2], "nothing said about the joins that stayed"
+    assert any("spark.sql.adaptive.enabled=false" in r for r in reasons[1]), reasons[1]
+    assert any("without UMJoin's state" in r for r in reasons[2]), reasons[2]

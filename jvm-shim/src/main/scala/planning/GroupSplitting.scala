@@ -34,6 +34,10 @@ object GroupSplitting {
     def rootGroup(splitAt: Seq[T]): Option[MultiJoinGroup[T]] =
       tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
 
+    // Why the whole group could not run as one: said with the reason the split ends on, which may be
+    // only a consequence of splitting (too few inputs left).
+    var whole: Option[String] = None
+
     def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
       case None => Left(NotAGroupRoot)
       case Some(group) if group.inputs.size < minInputs =>
@@ -44,6 +48,7 @@ object GroupSplitting {
           case None => Right((group, plan))
         }
         case Left(reason) =>
+          if (splitAt.isEmpty) whole = Some(reason)
           // Try each possible cut once; keep the one leaving the most inputs that plans, else the
           // one leaving the most inputs, and go on from there.
           val possible = cuts(group, roleOf)
@@ -58,7 +63,10 @@ object GroupSplitting {
           }
       }
     }
-    attempt(Nil)
+    attempt(Nil).left.map(reason => whole match {
+      case Some(first) if !reason.contains(first) => s"the group cannot run as one UMJoin: $first; split at its joins, $reason"
+      case _ => reason
+    })
   }
 
   /**
