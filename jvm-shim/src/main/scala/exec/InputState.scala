@@ -92,14 +92,22 @@ final class InputState private (
  * its indexes without RocksDB's count of keys (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows),
  * which reads the key before every write to count it. An index holds exactly one entry per stored
  * row (a row with a NULL key is never stored), so its entries are counted by the rows instead.
+ * RocksDB stores commit with changelog checkpointing unless the session says otherwise: a
+ * StreamingUMJoin commits one store per input and index in every partition and micro-batch, most
+ * with few changes or none (a stored static table), and a changelog commit writes one small file
+ * where a snapshot commit copies and uploads the store's files.
  */
 final case class InputStateConf(rows: StateStoreConf, indexes: StateStoreConf)
 
 object InputStateConf {
+  val Changelog = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
   def apply(sqlConf: SQLConf): InputStateConf = {
-    val untracked = sqlConf.clone()
+    val rows = sqlConf.clone()
+    if (!sqlConf.contains(Changelog)) rows.setConfString(Changelog, "true")
+    val untracked = rows.clone()
     untracked.setConfString("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
-    InputStateConf(new StateStoreConf(sqlConf), new StateStoreConf(untracked))
+    InputStateConf(new StateStoreConf(rows), new StateStoreConf(untracked))
   }
 }
 
