@@ -175,6 +175,7 @@ final class StaticInputCache(
 private object StaticInputCache {
   /** The weight of this batch's probes in n(j): half, the rest from the batches before. */
   val ForecastSmoothing = 0.5
+
   def entryBytes(key: UnsafeRow, rows: Array[UnsafeRow]): Long =
     SmallStore.EntryOverhead + key.getSizeInBytes + rows.map(_.getSizeInBytes.toLong + 8).sum
 
