@@ -450,10 +450,16 @@ def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSessi
     assert state[-1] <= totals(spark_joins, "numRowsTotal")[-1]  # and no intermediate results are kept
 
 
-def test_an_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: SparkSession, tmp_path: Path) -> None:
-    """w, x and y joined inner (one StreamingUMJoin), then z LEFT OUTER: Spark's outer join stays on top,
-    its reason is recorded once for the query run although every micro-batch is planned again."""
+def test_a_full_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: SparkSession, tmp_path: Path) -> None:
+    """w, x and y joined inner (one StreamingUMJoin), then z FULL OUTER: Spark's outer join stays on top,
+    its reason is recorded once for the query run although every micro-batch is planned again.
+    (Left and right outer joins on top convert: tests/test_streaming_outer.py.)"""
     event_time_data(tmp_path, "wxyz")
+    # A last batch far in the future that joins nothing: its watermark lets every row waiting for a match go
+    # (the joins under Spark's outer join hold its watermark back less when they are one StreamingUMJoin).
+    for n, name in enumerate("wxyz"):
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT",
+                      [[(1000 + n, 1000 + n, datetime.datetime(2026, 1, 3), 0)]])
 
     def query() -> DataFrame:
         f = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_ts TIMESTAMP, {n}_v BIGINT").withWatermark(f"{n}_ts", "15 minutes")
@@ -461,7 +467,7 @@ def test_an_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: SparkS
         near = lambda a, b: a.between(b - F.expr("interval 5 minutes"), b + F.expr("interval 5 minutes"))  # noqa: E731
         inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("x_ts"))).drop("y_ts")
                  .join(f["w"], (F.col("x_j") == F.col("w_j")) & near(F.col("w_ts"), F.col("x_ts"))).drop("w_ts"))
-        return inner.join(f["z"], (F.col("x_k") == F.col("z_k")) & near(F.col("z_ts"), F.col("x_ts")), "left_outer")
+        return inner.join(f["z"], (F.col("x_k") == F.col("z_k")) & near(F.col("z_ts"), F.col("x_ts")), "full_outer")
 
     on, running = run_to_end(query(), "outer_on", tmp_path / "ck-on")
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
@@ -469,8 +475,8 @@ def test_an_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: SparkS
     plan = executed_plan(running)
     assert plan.count("StreamingUMJoin inputs=") == 1 and plan.count("StreamingSymmetricHashJoin") == 1, plan
     (reason,) = plans.unconverted_streaming_joins(spark, running)
-    assert re.fullmatch(r"the LEFT OUTER stream-stream join on x_k = z_k stays as Spark planned it: "
-                        r"rules/streaming.yaml admits inner stream-stream joins only, not LEFT OUTER joins", reason), reason
+    assert re.fullmatch(r"the FULL OUTER stream-stream join on x_k = z_k stays as Spark planned it: "
+                        r"rules/streaming.yaml admits no FULL OUTER stream-stream joins", reason), reason
     assert on == off and any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
 
 

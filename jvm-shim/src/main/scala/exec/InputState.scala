@@ -27,9 +27,11 @@ import umjoin.spark.state.JoinStore
  *
  * @param partitionClass the key class the input is partitioned on, and `partitionKey` its expression for it
  * @param indexes        per index, the input's expressions for its classes
+ * @param name           the rows' store's name (its indexes' names start with it): [[InputState.storeName]] for an input's
+ *                       own rows, [[InputState.unmatchedStoreName]] for the combinations an outer join waits to match
  */
 final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int, partitionKey: Expression,
-    indexes: Seq[(StoreIndex, Seq[Expression])]) {
+    indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
   def primaryKeySchema: StructType = StructType(Seq(
     StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
   def indexKeySchema(keys: Seq[Expression]): StructType = StructType(keys.zipWithIndex.map { case (k, i) =>
@@ -113,7 +115,9 @@ object InputStateConf {
 
 object InputState {
   def storeName(input: Int): String = s"umjoin-input-$input"
-  def indexStoreName(input: Int, position: Int): String = s"umjoin-input-$input-index-$position"
+  def indexStoreName(storeName: String, position: Int): String = s"$storeName-index-$position"
+  /** The store of the preserved inputs' combinations that no row of outer input `outer` matched yet. */
+  def unmatchedStoreName(outer: Int): String = s"umjoin-unmatched-$outer"
 
   /** The committed state of the previous micro-batch, read-only; released when the task ends. */
   def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
@@ -125,9 +129,9 @@ object InputState {
       store
     }
     new InputState(spec,
-      open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows),
+      open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows),
       spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
-        index -> open(indexStoreName(spec.input, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
+        index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
       }.toMap,
       visible)
   }
@@ -141,9 +145,9 @@ object InputState {
       context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
       store
     }
-    val primary = open(storeName(spec.input), spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows)
+    val primary = open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows)
     val indexes = spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
-      index -> open(indexStoreName(spec.input, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
+      index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
     }.toMap
     new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible), info.storeVersion)
   }

@@ -7,7 +7,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
@@ -37,7 +37,23 @@ final case class StageMetrics(
     removed: SQLMetric,
     stateRows: IndexedSeq[SQLMetric],
     indexEntries: IndexedSeq[SQLMetric],
-    static: Map[Int, StaticMetrics])
+    static: Map[Int, StaticMetrics],
+    outer: Option[OuterMetrics])
+
+/** The metrics of an outer join: combinations put out with NULLs, and combinations waiting for a match. */
+final case class OuterMetrics(nullPadded: SQLMetric, waiting: SQLMetric)
+
+/**
+ * An outer join's combinations of its preserved inputs that no row of its non-preserved input
+ * `outer` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in input order),
+ * partitioned as `outer`'s store is, by the combination's value of the ON clause's key class.
+ *
+ * @param outerKey    `outer`'s expression for that class
+ * @param onCondition the rest of the ON clause, over a combination's columns and then `outer`'s
+ * @param unmatchable the combinations no later row of `outer` can match (None: no watermark yet)
+ */
+final case class UnmatchedSpec(outer: Int, spec: InputStateSpec, outerKey: Expression, onCondition: Option[Expression],
+    unmatchable: Option[Expression])
 
 /** The metrics of a stored static table. */
 final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
@@ -67,6 +83,7 @@ final case class MicroBatchJob(
     staticLoads: Map[Int, StaticVersions.Decision],
     staticCache: StaticCacheSettings,
     staticRowBytes: Map[Int, (Double, Double)],
+    unmatched: Option[UnmatchedSpec],
     partitions: Int,
     info: StatefulOperatorStateInfo) {
 
@@ -200,18 +217,25 @@ private[exec] final class StageTask(
     case _ => inMemory(input, index)
   }
 
+  // The outer join's new combinations of its preserved inputs that no row of its outer input matched in this task
+  // (or, in the last stage, that earlier stages shipped here): they wait for a match in the last stage's store.
+  private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
+
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Int, (Segment, ProbeCore)]()
   private def coreOf(start: Int): (Segment, ProbeCore) = cores.getOrElseUpdate(start, {
     val run = job.routes(start)
     val segment = run.segments(stage)
     val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
-      (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition)
+      (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
+        val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
+        (combination: InternalRow) => unmatchedHere += inInputOrder(combination).copy()
+      })
     (segment, new ProbeCore(compiled, Option.when(stage == 0)(metrics.inputs(start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
 
-  /** Rows this stage produces: (the route they continue on, or -1 for a complete result row; the row). */
+  /** Rows this stage produces: (the route they continue on, -1 for a complete result row, or -2 for an unmatched combination; the row). */
   private def produced(): Iterator[(Int, InternalRow)] = {
     def label(start: Int, rows: Iterator[InternalRow], segment: Segment): Iterator[(Int, InternalRow)] =
       rows.map(row => (if (segment.next.isEmpty) -1 else start, row))
@@ -223,10 +247,14 @@ private[exec] final class StageTask(
     } else {
       val feeds = mutable.Map[Int, (Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
+      val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
       shipped().flatMap { envelope =>
         val start = envelope.getInt(0)
         val bytes = envelope.getBinary(1)
-        if (start < 0) {
+        if (start == StageTask.Unmatched) {
+          unmatchedRow.pointTo(bytes, bytes.length)
+          Iterator.single((StageTask.Unmatched, unmatchedRow))
+        } else if (start < 0) {
           resultRow.pointTo(bytes, bytes.length)
           Iterator.single((-1, resultRow))
         } else {
@@ -259,8 +287,10 @@ private[exec] final class StageTask(
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
     })
     val all = 0 until job.partitions
+    // Unmatched combinations stay in this partition (their outer input's store's) until the last stage.
+    val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
     StageTask.whenDone(produced().flatMap {
-      case (-1, row) => Iterator.single((partition, wrap(-1, row)))
+      case (start, row) if start < 0 => Iterator.single((partition, wrap(start, row)))
       case (start, row) =>
         val segment = job.routes(start).segments(stage)
         segment.next match {
@@ -272,12 +302,65 @@ private[exec] final class StageTask(
             val wrapped = wrap(start, row)
             all.iterator.map(p => (p, wrapped))
         }
-    }, () => report())
+    } ++ unmatched(), () => report())
   }
 
-  /** The last stage: result rows; once they are all out, the batch's new rows are stored and every store is committed. */
-  def results(): Iterator[InternalRow] =
-    StageTask.whenDone(produced().map(_._2), () => finish())
+  /**
+   * The last stage: result rows, then an outer join's combinations put out with NULLs; once they
+   * are all out, the batch's new rows are stored and every store is committed.
+   */
+  def results(): Iterator[InternalRow] = {
+    val rows = produced().flatMap {
+      case (StageTask.Unmatched, row) =>
+        unmatchedHere += row.asInstanceOf[UnsafeRow].copy()
+        Iterator.empty
+      case (_, row) => Iterator.single(row)
+    }
+    StageTask.whenDone(rows ++ settleUnmatched(), () => finish())
+  }
+
+  private var unmatchedWriter = Option.empty[InputStateWriter]
+
+  /**
+   * An outer join's waiting combinations in this partition, the ones already stored and this
+   * batch's new ones (every match the routes found is put out already): those a new row of the
+   * outer input matches go; those no later row can match any more go out with NULLs for the outer
+   * input's columns, as Spark's outer join puts out the preserved rows it evicts unmatched; the others wait.
+   */
+  private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
+    val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
+    unmatchedWriter = Some(writer)
+    val outerIndex = StoreIndex.single(u.spec.partitionClass)
+    val arrived = indexInMemory(u.outer, fresh(u.outer, None), Seq(outerIndex))(outerIndex)
+    val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
+    val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.outer)))
+    val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
+    val joined = new JoinedRow
+    def matched(combination: InternalRow): Boolean =
+      arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
+    // The outer input's columns may be NULL in a result row: bound as nullable.
+    val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.outer).map(_.withNullability(true)))
+    val nulls = new GenericInternalRow(job.outputs(u.outer).size)
+    val out = mutable.ArrayBuffer[InternalRow]()
+    def putOut(combination: InternalRow): Unit = {
+      out += padded(joined(combination, nulls)).copy()
+      metrics.outer.foreach(_.nullPadded += 1)
+    }
+    metrics.removed += writer.removeWhere { (_, combination) =>
+      matched(combination) || (unmatchable.exists(_.eval(combination)) && { putOut(combination); true })
+    }
+    unmatchedHere.foreach { combination =>
+      if (!matched(combination)) {
+        if (unmatchable.exists(_.eval(combination))) putOut(combination)
+        else {
+          writer.put(combination, job.nowMs)
+          metrics.updated += 1
+        }
+      }
+    }
+    metrics.numOutputRows += out.size
+    out.iterator
+  }
 
   private def finish(): Unit = {
     job.stored.foreach { j =>
@@ -310,7 +393,11 @@ private[exec] final class StageTask(
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }
-    committed(writers.toSeq.sortBy(_._1).map(_._2))
+    unmatchedWriter.foreach { writer =>
+      writer.commit()
+      metrics.outer.foreach(_.waiting += writer.rowCount)
+    }
+    committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriter)
     report()
   }
 
@@ -324,6 +411,9 @@ private[exec] final class StageTask(
 }
 
 private[exec] object StageTask {
+
+  /** What a shipped row is when it is not a partial combination of a route (-1: a result row): an outer join's unmatched combination. */
+  val Unmatched: Int = -2
 
   /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
   final class Feed(numFields: Int) extends Iterator[InternalRow] {

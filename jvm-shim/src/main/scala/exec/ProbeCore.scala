@@ -20,10 +20,11 @@ final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQL
  * none), and `from`, the route's edge source the statistics are kept for. A LeftSemi or LeftAnti
  * step only lets the combination go on (once) or not, binding nothing. A LeftOuter step binds each
  * row satisfying `condition` (its ON clause), or `nullRow` when none does, and lets the combination
- * go on where `post` holds (null: always).
+ * go on where `post` holds (null: always); with `unmatched` (a streaming UMJoin's: a later row may
+ * still match), a combination none matches is handed to it instead of being padded.
  */
 final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
-    val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow) {
+    val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
   val semi: Boolean = joinType == LeftSemi
   val anti: Boolean = joinType == LeftAnti
   val outer: Boolean = joinType == LeftOuter
@@ -52,7 +53,8 @@ object CompiledRoute {
    * Compiles steps [from, until) of a route: the rows it starts from are the route's first
    * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
    * first), and it puts out the `result` projection once the route is complete, else the rows
-   * bound so far, joined (a partial combination that continues elsewhere).
+   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, an
+   * outer step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
    */
   def segment(
       plan: RoutePlan,
@@ -63,7 +65,8 @@ object CompiledRoute {
       storeOf: (Int, StoreIndex) => JoinStore,
       keyed: Seq[Expression] => Seq[Expression],
       metrics: Seq[InputMetrics],
-      partition: Int): CompiledRoute = {
+      partition: Int,
+      unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None): CompiledRoute = {
     val order = plan.route.order
     val binds = plan.steps.map(_.input).zip(plan.steps.map(_.binds)).toMap.withDefaultValue(true)
     // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
@@ -78,7 +81,7 @@ object CompiledRoute {
       val attrs = prefixes(s) ++ outputs(step.input)
       new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
         predicate(step.conditions, attrs), metrics(step.input), step.joinType, predicate(step.postConditions, attrs),
-        new GenericInternalRow(outputs(step.input).size))
+        new GenericInternalRow(outputs(step.input).size), if (step.joinType == LeftOuter) unmatched.map(_(prefixes(s))).orNull else null)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
     val output = if (until == plan.steps.size) result else prefixes(until)
@@ -218,6 +221,10 @@ final class ProbeCore(
         }
         if (candidates(k) == null || anyMatch(k)) return false
         candidates(k) = null  // the NULL row is bound once
+        if (step.unmatched != null) {
+          step.unmatched(bound(k))
+          return false
+        }
         step.metrics.nullPadded.foreach(_ += 1)
         val row = joined(k)(bound(k), step.nullRow)
         if (step.post == null || step.post.eval(row)) {

@@ -8,7 +8,7 @@ import org.apache.hadoop.fs.Path
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
@@ -42,7 +42,12 @@ import umjoin.spark.state.StaticCacheSettings
  * each store is written once per batch, as the batch's version.
  *
  * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
- * [[UMJoinExec]]. With an adaptive `probeOrder`, the tasks count every probe's outcome and the
+ * [[UMJoinExec]]; with `outerJoins`, one LEFT OUTER join on top of the group (a RIGHT OUTER one
+ * with its sides swapped): its non-preserved stream is probed last, by its ON clause, and a new
+ * combination of the other inputs that no stored row of it matches waits in a store of its own,
+ * partitioned as that stream's store, until a later row matches it (the match is put out by the
+ * routes, and the combination goes) or `unmatchable` says no later row can (it is put out with
+ * NULLs, when Spark's outer join would evict it from its state and put it out so). With an adaptive `probeOrder`, the tasks count every probe's outcome and the
  * driver chooses the routes again between micro-batches ([[StreamingRoutes]]).
  *
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
@@ -60,6 +65,9 @@ case class StreamingUMJoinExec(
     classKeys: Seq[Seq[Expression]],
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
+    outerJoins: Map[Int, Seq[Int]],
+    residualOuter: Seq[Option[Int]],
+    unmatchable: Option[Expression],
     layout: StreamingLayout,
     probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
@@ -74,10 +82,11 @@ case class StreamingUMJoinExec(
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
-    InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(j, _))
-  }
+    InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
+  } ++ outerJoins.keys.toSeq.sorted.map(InputState.unmatchedStoreName)
 
-  private def joinGraph: JoinGraph = JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs)
+  private def joinGraph: JoinGraph =
+    JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, outer = outerJoins, residualOuter = residualOuter)
 
   /** Input j's expression for the class it is partitioned on (None: broadcast). */
   private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
@@ -111,6 +120,9 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
         StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
         StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
+        (if (!outerJoins.contains(i)) Nil else Seq(
+          StatefulOperatorCustomSumMetric(s"nullPaddedInput$i", s"$name: combinations put out with NULLs for its columns"),
+          StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
         (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
           StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
           StatefulOperatorCustomSumMetric(s"staticCacheHitsInput$i", s"$name: probes served by the cache"),
@@ -183,7 +195,7 @@ case class StreamingUMJoinExec(
       },
       states = layout.stored.map { j =>
         j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
-          layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)))
+          layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
       }.toMap,
       joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
       lateRows = lateRows.toIndexedSeq,
@@ -194,6 +206,14 @@ case class StreamingUMJoinExec(
       staticLoads = staticLoads,
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
+      unmatched = outerJoins.keys.headOption.map { o =>
+        val on = graph.classes(outerJoins(o).head)
+        val preserved = graph.joined.filter(_ != o)
+        UnmatchedSpec(o,
+          InputStateSpec(o, preserved.flatMap(outputs), outerJoins(o).head, on.members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+            InputState.unmatchedStoreName(o)),
+          on.keyOf(o).get, graph.residuals.filter(_.outer.contains(o)).map(_.condition).reduceOption(And), unmatchable)
+      },
       partitions = partitions,
       info = info)
     val metrics = StageMetrics(
@@ -210,7 +230,8 @@ case class StreamingUMJoinExec(
       static = staticLoads.keys.map { i =>
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
-      }.toMap)
+      }.toMap,
+      outer = outerJoins.keys.headOption.map(o => OuterMetrics(longMetric(s"nullPaddedInput$o"), longMetric(s"unmatchedRowsInput$o"))))
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableHadoopConf(hadoopConf))
@@ -260,6 +281,7 @@ case class StreamingUMJoinExec(
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
           val static = kind match {
+            case InputKind.Stream if outerJoins.contains(i) => "left outer: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
@@ -273,7 +295,8 @@ case class StreamingUMJoinExec(
       s"#$start: " + StreamingUMJoinExec.routeText(route, layout.steps(graph, route))
     }.take(maxFields).mkString("; ")
     val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
-    val conditions = graph.residuals.map(_.condition)
+    // An outer join's ON clause decides which of its rows match; the other conditions drop combinations.
+    val conditions = graph.residuals.map(r => r.outer.map(o => s"ON #$o: ${r.condition}").getOrElse(r.condition.toString))
     val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
     s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
       f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"

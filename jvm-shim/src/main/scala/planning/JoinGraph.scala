@@ -71,20 +71,23 @@ final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Se
    * Every joined input reachable from every other through key classes (no cartesian step needed),
    * without passing through a filter (which binds no value), and every filter keyed by some class.
    */
-  def isConnected: Boolean = {
-    val reached = mutable.Set(joined.headOption.getOrElse(0))
+  def isConnected: Boolean = connects(joined.toSet) && filters.keys.forall(f => classes.exists(_.inputs.contains(f)))
+
+  /** Whether every one of `inputs` is reachable from every other through key classes, passing through none but them. */
+  def connects(inputs: Set[Int]): Boolean = {
+    val reached = mutable.Set(inputs.headOption.getOrElse(0))
     var grew = true
     while (grew) {
       grew = false
       classes.foreach { c =>
-        val members = c.inputs -- filters.keySet
+        val members = c.inputs intersect inputs
         if (members.exists(reached.contains) && !members.subsetOf(reached)) {
           reached ++= members
           grew = true
         }
       }
     }
-    reached.size == joined.size && filters.keys.forall(f => classes.exists(_.inputs.contains(f)))
+    reached.size == inputs.size
   }
 
   /** Classes in which both `input` and one of `bound` take part: the key of probing `input` after `bound`. */

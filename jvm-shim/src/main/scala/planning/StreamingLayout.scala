@@ -176,7 +176,8 @@ object StreamingLayout {
       else classesOf(i).sortBy(c => (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
     }
     val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
-    val choice = ProbeCost.optimize(costGraph, sizes, partitions)
+    val optimal = ProbeCost.optimize(costGraph, sizes, partitions)
+    val choice = optimal.copy(routes = optimal.routes.map { case (start, route) => start -> outerLast(graph, route) })
     // Every index a step could use; the routes' steps then pick theirs (the widest usable), and only those are kept.
     val possible = classesOf.map { cs =>
       if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
@@ -191,18 +192,45 @@ object StreamingLayout {
     provisional.copy(indexes = indexes)
   }
 
+  /**
+   * `route` with the outer join's non-preserved input probed last (unless the route starts there):
+   * everything its ON clause reads is bound by then, and the rows bound before it are a whole
+   * combination of the preserved inputs, which waits in the outer input's partition for a match
+   * where none is stored yet. The other inputs keep their order where they can, each reached from
+   * an input before it (they are connected without the outer input, or the group does not convert).
+   */
+  def outerLast(graph: JoinGraph, route: ProbeRoute): ProbeRoute = graph.outer.keys.headOption match {
+    case Some(o) if o != route.start && route.order.last != o =>
+      val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
+      val placed = scala.collection.mutable.ArrayBuffer(route.start)
+      val edges = scala.collection.mutable.ArrayBuffer[(Int, Int)]()
+      var remaining = route.order.tail.filter(_ != o)
+      while (remaining.nonEmpty) {
+        val next = remaining.find(r => placed.exists(shares(_, r))).getOrElse(throw new IllegalStateException(
+          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the outer join of input $o are not connected without it"))
+        val from = route.edges.collectFirst { case (f, `next`) if placed.contains(f) => f }.getOrElse(placed.find(shares(_, next)).get)
+        edges += ((from, next))
+        placed += next
+        remaining = remaining.filter(_ != next)
+      }
+      val onFrom = graph.outer(o).flatMap(c => graph.classes(c).inputs).find(i => i != o && placed.contains(i)).get
+      ProbeRoute(route.start, edges.toSeq :+ ((onFrom, o)))
+    case _ => route
+  }
+
   private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
 
   /** The layout as the checkpoint keeps it: classes named by each input's key expression, so they are found again after a restart. */
   def toJson(layout: StreamingLayout, graph: JoinGraph, inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
-    def key(input: Int, c: Int): JValue = JString(graph.classes(c).keyOf(input).get.sql)
+    def key(input: Int, c: Int): JValue = JString(keyName(graph, input, c))
     val inputJson = inputs.indices.map { i =>
-      JObject(
+      JObject(List[JField](
         "label" -> JString(labels(i)),
         "kind" -> JString(layout.kinds(i).name),
         "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
         "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
-        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList))
+        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
+        (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
     }
     val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
       JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
@@ -235,7 +263,7 @@ object StreamingLayout {
     }
     if (recorded.size != inputs.size) fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
     def classOf(input: Int, key: String): Int =
-      graph.classes.indices.find(c => graph.classes(c).keyOf(input).exists(_.sql == key))
+      graph.classes.indices.find(c => graph.classes(c).keyOf(input).isDefined && keyName(graph, input, c) == key)
         .getOrElse(fail(s"input #$input was stored by $key, which this join does not join it on"))
     val parsed = recorded.zipWithIndex.map { case (item, i) =>
       val kind = item \ "kind" match {
@@ -259,6 +287,12 @@ object StreamingLayout {
         }
         case _ => Nil
       }
+      val joinType = item \ "joinType" match {
+        case JString(t) => t
+        case _ => "inner"
+      }
+      val current = if (graph.outer.contains(i)) OuterJoinType else "inner"
+      if (joinType != current) fail(s"input #$i was joined as $joinType, now as $current")
       (kind, partition, indexes)
     }.toIndexedSeq
     val routes = json \ "routes" match {
@@ -290,6 +324,20 @@ object StreamingLayout {
     if (!routesFit) fail("its recorded probe routes do not fit this join")
     layout
   }
+
+  /**
+   * How the layout record names input `input`'s key for class `c`: its expression; for an outer
+   * join's ON key (a class of its own, whose expression of the other input may be in another class
+   * too), followed by `ON` and the outer input's expression.
+   */
+  private def keyName(graph: JoinGraph, input: Int, c: Int): String = {
+    val expression = graph.classes(c).keyOf(input).get.sql
+    graph.outer.keys.find(o => o != input && graph.classes(c).inputs.contains(o))
+      .fold(expression)(o => s"$expression ON ${graph.classes(c).keyOf(o).get.sql}")
+  }
+
+  /** How the layout record names an outer join's non-preserved input (the others are inner, and not named: older records read the same). */
+  private val OuterJoinType = "left outer"
 
   private def columns(attributes: Seq[Attribute]): List[String] = attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
 }

@@ -11,7 +11,7 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
-import org.apache.spark.sql.catalyst.plans.Inner
+import org.apache.spark.sql.catalyst.plans.{LeftOuter, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
@@ -39,6 +39,7 @@ final case class StreamingGroupPlan(
     identity: Option[StreamingSymmetricHashJoinExec],
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
+    unmatchable: Option[Expression],
     evictionWatermark: Option[Long])
 
 /**
@@ -61,7 +62,7 @@ final case class StreamingGroupPlan(
 final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[SparkPlan])
   extends Rule[SparkPlan] with PredicateHelper with Logging {
 
-  private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf)
+  private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf, PhysicalPatterns.keptAsInput)
 
   override def apply(plan: SparkPlan): SparkPlan = {
     val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
@@ -93,10 +94,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
           tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
-      // A stream-stream join no member pattern admits (an outer join, say) roots no group: say why it stays too.
+      // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
-        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits " +
-          (if (j.joinType != Inner) s"inner stream-stream joins only, not ${j.joinType.sql} joins" else "no such join"))
+        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins")
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
@@ -163,9 +163,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val inputs = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
+    def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
+      j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
+    val outer = outerJoinOf(group, kinds)
+    val outerJoin = outer.toOption.flatten
     val conjuncts = group.members.flatMap {
-      case j: StreamingSymmetricHashJoinExec =>
-        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
+      case j: StreamingSymmetricHashJoinExec if outerJoin.exists(_._1 eq j) => Nil
+      case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
       case j: BaseJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
       case f: FilterExec => splitConjunctivePredicates(f.condition)
@@ -183,8 +187,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && ranBefore(stateInfo.get)))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
-    else JoinGraph.build(outputs, conjuncts, group.root.output).flatMap { graph =>
+    else if (outer.isLeft) Left(outer.swap.toOption.get)
+    else JoinGraph.build(outputs, conjuncts, group.root.output, outerJoins = outerJoin.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
+      val conditions = conjuncts ++ outerJoin.toSeq.flatMap(o => joinConjuncts(o._1))
+      // Whether the combinations an outer join pads with NULLs can ever be put out (Spark's own analysis refuses the query otherwise).
+      def unmatchable(watermark: Long): Option[Expression] = outerJoin.flatMap { case (_, o) =>
+        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark)
+      }
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
+      else if (outerJoin.exists { case (j, o) => outerJoinRefusal(graph, j, o).isDefined }) Left(outerJoin.flatMap { case (j, o) => outerJoinRefusal(graph, j, o) }.get)
+      else if (outerJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(outerJoin.get._1)} bound when a " +
+        "combination of its preserved side can no longer find a match, so none would ever be put out with NULLs")
       else {
         val info = stateInfo.get
         val layout = recordedLayout(info, graph, outputs).getOrElse {
@@ -211,11 +224,47 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           },
           evictable = inputs.indices.map { i =>
             if (kinds(i) != InputKind.Stream) None
-            else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conjuncts, evictionWatermark, streams)
+            else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams)
           },
+          unmatchable = evictionWatermark.flatMap(unmatchable),
           evictionWatermark = evictionWatermark))
       }
     }
+  }
+
+  /**
+   * The group's outer stream-stream join and the index of its non-preserved input, or why the group
+   * cannot run it: one outer join, with no join or filter of the group above it (the combination it
+   * pads with NULLs is then a result row as it is), whose non-preserved side is one stream.
+   */
+  private def outerJoinOf(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind]): Either[String, Option[(StreamingSymmetricHashJoinExec, Int)]] =
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter => j } match {
+      case Seq() => Right(None)
+      case Seq(j) =>
+        val nonPreserved = if (j.joinType == LeftOuter) j.right else j.left
+        val input = group.inputs.indexWhere(_ eq nonPreserved)
+        val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
+        val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
+        if (above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
+          Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs an outer join on top of its group only)")
+        else if (input < 0 || nonPreserved.exists(isJoin))
+          Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
+        else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
+        else Right(Some((j, input)))
+      case several => Left(s"it has ${several.size} outer stream-stream joins (a streaming UMJoin runs one, on top of its group)")
+    }
+
+  /**
+   * Why the outer join of non-preserved input `o` cannot run in a streaming UMJoin, if it cannot: its
+   * combinations wait for a match in `o`'s partition, found by one key, and checked by its ON clause alone.
+   */
+  private def outerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
+    val on = graph.outer(o)
+    if (on.size != 1) Some(s"its ${describe(join)} has ${on.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
+    else if (graph.classes.indices.exists(c => graph.classes(c).inputs.contains(o) && !on.contains(c)) || graph.residuals.exists(r => r.inputs.contains(o) && r.outer.isEmpty))
+      Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
+    else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
+    else None
   }
 
   /**
@@ -309,7 +358,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val layout = plan.layout
     // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
     // policy's routes may not all reach (they change the inputs bound before a store).
-    val probeOrder = if (!conf.probeOrder.adaptive || layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
+    val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
+    else if (plan.graph.outer.nonEmpty) {
+      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its routes instead of choosing them by " +
+        s"${conf.probeOrder.policy.name}: its outer join's non-preserved side is probed last in every route"
+      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
+    } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
       val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its recorded routes instead of choosing them by " +
         s"${conf.probeOrder.policy.name}: its checkpoint's state was laid out for the fixed probe order; use a new checkpoint location to probe adaptively"
       if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
@@ -328,6 +383,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       classKeys = plan.graph.classes.map(_.members.map(_._2)),
       residuals = plan.graph.residuals.map(_.condition),
       residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
+      outerJoins = plan.graph.outer,
+      residualOuter = plan.graph.residuals.map(_.outer),
+      unmatchable = plan.unmatchable,
       layout = layout,
       probeOrder = probeOrder,
       lateRows = plan.lateRows,

@@ -1,7 +1,7 @@
 package umjoin.spark.planning
 
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, Expression}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, Expression, Or}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.execution.streaming.operators.stateful.WatermarkSupport
 
@@ -51,6 +51,29 @@ object StreamingWatermarks {
       })
     }
     if (others.nonEmpty && bounds.forall(_.isDefined)) Some(bounds.flatten.reduce(And)) else None
+  }
+
+  /**
+   * Combinations of the `preserved` inputs that no later row of the outer join's non-preserved input
+   * `outer` can match any more: the rows Spark's outer join would evict from its preserved side's
+   * state and put out with NULLs. A combination goes once one preserved input's row is ruled out
+   * for every later row of `outer` (a later row passes the watermark W): its key in a class with
+   * `outer`'s event-time column at or below W, or its event time at or below W - d(p, outer). None
+   * when no preserved input is bounded so.
+   */
+  def unmatchableRows(
+      outer: Int,
+      preserved: Seq[Int],
+      inputOutputs: Seq[Seq[Attribute]],
+      classes: Seq[KeyClass],
+      conditions: Seq[Expression],
+      evictionWatermarkMs: Long): Option[Expression] = {
+    val distance = timeDistances(inputOutputs, conditions)
+    preserved.flatMap { p =>
+      keyBound(p, outer, inputOutputs, classes, evictionWatermarkMs).orElse(distance(p)(outer).flatMap { d =>
+        WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(p)), Some(evictionWatermarkMs - d))
+      })
+    }.reduceOption(Or)
   }
 
   /** A key class holding both a key of input i and input m's event-time column: keys at or below the watermark. */
