@@ -54,13 +54,18 @@ def random_streams(directory: Path, seed: int, minutes: int = 90) -> None:
 
 
 def outer_query(spark: SparkSession, directory: Path, how: str) -> DataFrame:
-    """x, y and w within 5 minutes of x (y on k, w on j), then z on k within 5 minutes of x, outer."""
+    """x, y and w within 5 minutes of x (y on k, w on j), then z on k within 5 minutes of x: `left` or
+    `right` outer, or `semi` (the combinations some z row matches with z_v + w_v > y_v, once each)."""
     f = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", DELAY) for n in "wxyz"}
     near = lambda a, b: a.between(b - F.expr(f"interval {NEAR_MINUTES} minutes"), b + F.expr(f"interval {NEAR_MINUTES} minutes"))  # noqa: E731
     # Spark's outer join needs one event-time column on its preserved side: y's and w's are dropped.
     inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("x_ts"))).drop("y_ts")
              .join(f["w"], (F.col("x_j") == F.col("w_j")) & near(F.col("w_ts"), F.col("x_ts"))).drop("w_ts"))
     on = (F.col("x_k") == F.col("z_k")) & near(F.col("z_ts"), F.col("x_ts"))
+    if how == "semi":  # reading y and w keeps Spark's optimizer from pushing the semi join below the inner ones
+        return inner.join(f["z"], on & (F.col("z_v") + F.col("w_v") > F.col("y_v")), "left_semi")
+    if how == "semi pushed down":  # the semi join reads x alone: Spark joins x with z first
+        return inner.join(f["z"], on, "left_semi")
     return inner.join(f["z"], on, "left_outer") if how == "left" else f["z"].join(inner, on, "right_outer")
 
 
@@ -116,6 +121,39 @@ def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins
         return sum(op["numRowsDroppedByWatermark"] for p in query.recentProgress for op in p["stateOperators"])
 
     assert dropped(umjoin) == dropped(spark_joins) > 0
+
+
+@pytest.mark.parametrize(("seed", "provider"), [(4, "rocksdb"), (6, "hdfs")])
+def test_a_semi_join_on_top_puts_each_combination_out_once_at_its_first_match_like_spark(
+        spark: SparkSession, tmp_path: Path, seed: int, provider: str) -> None:
+    random_streams(tmp_path, seed, minutes=60)
+    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
+    with temporary_conf(spark, settings):
+        umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-off", tmp_path / "out-off")
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert "left semi: unmatched combinations wait for it" in plan and "#3: #3" not in plan, plan  # z starts no route
+    assert on == off and on  # the same rows, as many times, each in the same micro-batch as Spark's join puts it out
+    dropped = sum(op["customMetrics"].get("semiDroppedInput3", 0) for p in umjoin.recentProgress for op in p["stateOperators"])
+    assert dropped > 0
+
+
+def test_a_semi_join_spark_pushed_below_the_inner_joins_stays_with_the_inner_joins_above_converted(spark: SparkSession, tmp_path: Path) -> None:
+    """The semi join then is the bottom join of the tree (not on top): it stays Spark's, the inner joins above it
+    run as one StreamingUMJoin over its output, y and w, in every micro-batch, with Spark's answer."""
+    random_streams(tmp_path, 8, minutes=60)
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        on, running = run_to_end(outer_query(spark, tmp_path, "semi pushed down"), "semi_down_on", tmp_path / "ck-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            off, _ = run_to_end(outer_query(spark, tmp_path, "semi pushed down"), "semi_down_off", tmp_path / "ck-off")
+    plan = executed_plan(running)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and plan.count("StreamingSymmetricHashJoin") == 1 and "LeftSemi" in plan, plan
+    reasons = plans.unconverted_streaming_joins(spark, running)
+    assert any(r.startswith("the join group under LEFT SEMI stream-stream join on x_k = z_k stays as Spark planned it") for r in reasons), reasons
+    assert on == off and on
 
 
 def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSession, tmp_path: Path) -> None:

@@ -40,20 +40,24 @@ final case class StageMetrics(
     static: Map[Int, StaticMetrics],
     outer: Option[OuterMetrics])
 
-/** The metrics of an outer join: combinations put out with NULLs, and combinations waiting for a match. */
-final case class OuterMetrics(nullPadded: SQLMetric, waiting: SQLMetric)
+/**
+ * The metrics of an outer or semi join: combinations no row matched (put out with NULLs, or
+ * dropped), and combinations waiting for a match.
+ */
+final case class OuterMetrics(unmatchedGone: SQLMetric, waiting: SQLMetric)
 
 /**
- * An outer join's combinations of its preserved inputs that no row of its non-preserved input
- * `outer` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in input order),
- * partitioned as `outer`'s store is, by the combination's value of the ON clause's key class.
+ * An outer or semi join's combinations of its preserved inputs that no row of its non-preserved
+ * input `outer` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in input
+ * order), partitioned as `outer`'s store is, by the combination's value of the join's key class.
  *
  * @param outerKey    `outer`'s expression for that class
- * @param onCondition the rest of the ON clause, over a combination's columns and then `outer`'s
+ * @param onCondition the rest of the join's condition, over a combination's columns and then `outer`'s
  * @param unmatchable the combinations no later row of `outer` can match (None: no watermark yet)
+ * @param semi        a semi join (a combination comes out at its first match), else an outer one
  */
 final case class UnmatchedSpec(outer: Int, spec: InputStateSpec, outerKey: Expression, onCondition: Option[Expression],
-    unmatchable: Option[Expression])
+    unmatchable: Option[Expression], semi: Boolean)
 
 /** The metrics of a stored static table. */
 final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
@@ -240,7 +244,7 @@ private[exec] final class StageTask(
     def label(start: Int, rows: Iterator[InternalRow], segment: Segment): Iterator[(Int, InternalRow)] =
       rows.map(row => (if (segment.next.isEmpty) -1 else start, row))
     if (stage == 0) {
-      job.streams.iterator.flatMap { start =>
+      job.streams.iterator.filter(job.routes.contains).flatMap { start =>
         val (segment, core) = coreOf(start)
         label(start, core.join(fresh(start, None)), segment)
       }
@@ -306,8 +310,8 @@ private[exec] final class StageTask(
   }
 
   /**
-   * The last stage: result rows, then an outer join's combinations put out with NULLs; once they
-   * are all out, the batch's new rows are stored and every store is committed.
+   * The last stage: result rows, then an outer join's combinations put out with NULLs (a semi
+   * join's matched at last); once they are all out, the batch's new rows are stored and every store is committed.
    */
   def results(): Iterator[InternalRow] = {
     val rows = produced().flatMap {
@@ -322,10 +326,11 @@ private[exec] final class StageTask(
   private var unmatchedWriter = Option.empty[InputStateWriter]
 
   /**
-   * An outer join's waiting combinations in this partition, the ones already stored and this
-   * batch's new ones (every match the routes found is put out already): those a new row of the
-   * outer input matches go; those no later row can match any more go out with NULLs for the outer
-   * input's columns, as Spark's outer join puts out the preserved rows it evicts unmatched; the others wait.
+   * An outer or semi join's waiting combinations in this partition, the ones already stored and
+   * this batch's new ones (every match the routes found is put out already): those a new row of
+   * the non-preserved input matches go (a semi join's come out now); those no later row can match
+   * any more go, out with NULLs for that input's columns (outer, as Spark's outer join puts out the
+   * preserved rows it evicts unmatched) or dropped (semi); the others wait.
    */
   private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
     val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
@@ -338,24 +343,26 @@ private[exec] final class StageTask(
     val joined = new JoinedRow
     def matched(combination: InternalRow): Boolean =
       arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
-    // The outer input's columns may be NULL in a result row: bound as nullable.
+    // The outer input's columns may be NULL in a result row: bound as nullable. A semi join's result has none of them.
     val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.outer).map(_.withNullability(true)))
     val nulls = new GenericInternalRow(job.outputs(u.outer).size)
     val out = mutable.ArrayBuffer[InternalRow]()
-    def putOut(combination: InternalRow): Unit = {
-      out += padded(joined(combination, nulls)).copy()
-      metrics.outer.foreach(_.nullPadded += 1)
-    }
-    metrics.removed += writer.removeWhere { (_, combination) =>
-      matched(combination) || (unmatchable.exists(_.eval(combination)) && { putOut(combination); true })
-    }
+    def putOut(combination: InternalRow): Unit = out += padded(joined(combination, nulls)).copy()
+    /** Whether the combination goes: matched now (a semi join's comes out), or matched by no later row (an outer join's comes out). */
+    def goes(combination: InternalRow): Boolean =
+      if (matched(combination)) {
+        if (u.semi) putOut(combination)
+        true
+      } else if (unmatchable.exists(_.eval(combination))) {
+        if (!u.semi) putOut(combination)
+        metrics.outer.foreach(_.unmatchedGone += 1)
+        true
+      } else false
+    metrics.removed += writer.removeWhere((_, combination) => goes(combination))
     unmatchedHere.foreach { combination =>
-      if (!matched(combination)) {
-        if (unmatchable.exists(_.eval(combination))) putOut(combination)
-        else {
-          writer.put(combination, job.nowMs)
-          metrics.updated += 1
-        }
+      if (!goes(combination)) {
+        writer.put(combination, job.nowMs)
+        metrics.updated += 1
       }
     }
     metrics.numOutputRows += out.size

@@ -21,7 +21,7 @@ final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQL
  * step only lets the combination go on (once) or not, binding nothing. A LeftOuter step binds each
  * row satisfying `condition` (its ON clause), or `nullRow` when none does, and lets the combination
  * go on where `post` holds (null: always); with `unmatched` (a streaming UMJoin's: a later row may
- * still match), a combination none matches is handed to it instead of being padded.
+ * still match), a combination none matches is handed to it instead of being padded (outer) or dropped (semi).
  */
 final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
     val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
@@ -54,7 +54,7 @@ object CompiledRoute {
    * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
    * first), and it puts out the `result` projection once the route is complete, else the rows
    * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, an
-   * outer step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
+   * outer or semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
    */
   def segment(
       plan: RoutePlan,
@@ -81,7 +81,8 @@ object CompiledRoute {
       val attrs = prefixes(s) ++ outputs(step.input)
       new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
         predicate(step.conditions, attrs), metrics(step.input), step.joinType, predicate(step.postConditions, attrs),
-        new GenericInternalRow(outputs(step.input).size), if (step.joinType == LeftOuter) unmatched.map(_(prefixes(s))).orNull else null)
+        new GenericInternalRow(outputs(step.input).size),
+        if (step.joinType == LeftOuter || step.joinType == LeftSemi) unmatched.map(_(prefixes(s))).orNull else null)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
     val output = if (until == plan.steps.size) result else prefixes(until)
@@ -243,6 +244,7 @@ final class ProbeCore(
         }
         candidates(k) = null
         if (matched) step.metrics.matches += 1
+        else if (step.unmatched != null) step.unmatched(bound(k))
         val goesOn = matched == step.semi
         if (goesOn) {
           found(k) += 1

@@ -9,6 +9,7 @@ import org.apache.hadoop.fs.Path
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression}
+import org.apache.spark.sql.catalyst.plans.JoinType
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
@@ -42,12 +43,14 @@ import umjoin.spark.state.StaticCacheSettings
  * each store is written once per batch, as the batch's version.
  *
  * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
- * [[UMJoinExec]]; with `outerJoins`, one LEFT OUTER join on top of the group (a RIGHT OUTER one
- * with its sides swapped): its non-preserved stream is probed last, by its ON clause, and a new
- * combination of the other inputs that no stored row of it matches waits in a store of its own,
- * partitioned as that stream's store, until a later row matches it (the match is put out by the
- * routes, and the combination goes) or `unmatchable` says no later row can (it is put out with
- * NULLs, when Spark's outer join would evict it from its state and put it out so). With an adaptive `probeOrder`, the tasks count every probe's outcome and the
+ * [[UMJoinExec]]; with `outerJoins` or `filters`, one LEFT OUTER join on top of the group (a RIGHT
+ * OUTER one with its sides swapped) or one LEFT SEMI join: its non-preserved stream is probed last,
+ * by the join's condition, and a new combination of the other inputs that no stored row of it
+ * matches waits in a store of its own, partitioned as that stream's store, until a later row
+ * matches it or `unmatchable` says no later row can. Outer: a match is put out by the matching
+ * row's route, and the combination goes; one no row matched is put out with NULLs, when Spark's
+ * outer join would evict it from its state and put it out so. Semi: a combination is put out once,
+ * at its first match (the semi stream starts no route), and one no row matched is dropped. With an adaptive `probeOrder`, the tasks count every probe's outcome and the
  * driver chooses the routes again between micro-batches ([[StreamingRoutes]]).
  *
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
@@ -65,6 +68,7 @@ case class StreamingUMJoinExec(
     classKeys: Seq[Seq[Expression]],
     residuals: Seq[Expression],
     residualInputs: Seq[Seq[Int]],
+    filters: Map[Int, JoinType],
     outerJoins: Map[Int, Seq[Int]],
     residualOuter: Seq[Option[Int]],
     unmatchable: Option[Expression],
@@ -83,10 +87,13 @@ case class StreamingUMJoinExec(
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
     InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
-  } ++ outerJoins.keys.toSeq.sorted.map(InputState.unmatchedStoreName)
+  } ++ nonPreserved.map(InputState.unmatchedStoreName)
+
+  /** The non-preserved stream of the group's outer or semi join, if it has one. */
+  private def nonPreserved: Option[Int] = (outerJoins.keys ++ filters.keys).headOption
 
   private def joinGraph: JoinGraph =
-    JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, outer = outerJoins, residualOuter = residualOuter)
+    JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters, outerJoins, residualOuter)
 
   /** Input j's expression for the class it is partitioned on (None: broadcast). */
   private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
@@ -120,8 +127,9 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
         StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
         StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
-        (if (!outerJoins.contains(i)) Nil else Seq(
-          StatefulOperatorCustomSumMetric(s"nullPaddedInput$i", s"$name: combinations put out with NULLs for its columns"),
+        (if (!nonPreserved.contains(i)) Nil else Seq(
+          if (outerJoins.contains(i)) StatefulOperatorCustomSumMetric(s"nullPaddedInput$i", s"$name: combinations put out with NULLs for its columns")
+          else StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
           StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
         (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
           StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
@@ -168,7 +176,9 @@ case class StreamingUMJoinExec(
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
-    val (routes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
+    val (allRoutes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
+    // A semi join's stream starts no route: its rows only let combinations through, at their first match.
+    val routes = allRoutes.filter { case (start, _) => !filters.contains(start) }
     longMetric("probeRouteChanges") += changed
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
@@ -206,13 +216,14 @@ case class StreamingUMJoinExec(
       staticLoads = staticLoads,
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
-      unmatched = outerJoins.keys.headOption.map { o =>
-        val on = graph.classes(outerJoins(o).head)
+      unmatched = nonPreserved.map { o =>
+        val key = graph.classes.indexWhere(_.inputs.contains(o))
         val preserved = graph.joined.filter(_ != o)
         UnmatchedSpec(o,
-          InputStateSpec(o, preserved.flatMap(outputs), outerJoins(o).head, on.members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+          InputStateSpec(o, preserved.flatMap(outputs), key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
             InputState.unmatchedStoreName(o)),
-          on.keyOf(o).get, graph.residuals.filter(_.outer.contains(o)).map(_.condition).reduceOption(And), unmatchable)
+          graph.classes(key).keyOf(o).get, graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
+          semi = filters.contains(o))
       },
       partitions = partitions,
       info = info)
@@ -231,7 +242,8 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap,
-      outer = outerJoins.keys.headOption.map(o => OuterMetrics(longMetric(s"nullPaddedInput$o"), longMetric(s"unmatchedRowsInput$o"))))
+      outer = nonPreserved.map(o => OuterMetrics(longMetric(if (filters.contains(o)) s"semiDroppedInput$o" else s"nullPaddedInput$o"),
+        longMetric(s"unmatchedRowsInput$o"))))
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableHadoopConf(hadoopConf))
@@ -282,6 +294,7 @@ case class StreamingUMJoinExec(
           }
           val static = kind match {
             case InputKind.Stream if outerJoins.contains(i) => "left outer: unmatched combinations wait for it, "
+            case InputKind.Stream if filters.contains(i) => "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
@@ -291,7 +304,7 @@ case class StreamingUMJoinExec(
       }
       s"#$i ${inputLabels(i)} ($placement)"
     }.mkString(", ")
-    val routes = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
+    val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !filters.contains(start) }.map { case (start, route) =>
       s"#$start: " + StreamingUMJoinExec.routeText(route, layout.steps(graph, route))
     }.take(maxFields).mkString("; ")
     val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")

@@ -50,13 +50,13 @@ object GroupSplitting {
         case Left(reason) =>
           if (splitAt.isEmpty) whole = Some(reason)
           // Try each possible cut once; keep the one leaving the most inputs that plans, else the
-          // one leaving the most inputs, and go on from there.
+          // one leaving the most inputs, and go on from there (a group too small to convert is not planned).
           val possible = cuts(group, roleOf)
           if (possible.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
           else {
             val scored = possible.map { cut =>
               val rest = rootGroup(splitAt :+ cut.node)
-              (cut, rest.exists(g => tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
+              (cut, rest.exists(g => g.inputs.size >= minInputs && tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
             }
             val best = scored.maxBy { case (_, plans, size) => (plans, size) }
             attempt(splitAt :+ best._1.node)

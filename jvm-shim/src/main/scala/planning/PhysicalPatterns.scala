@@ -3,7 +3,7 @@ package umjoin.spark.planning
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.sql.catalyst.expressions.Attribute
-import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter, RightOuter}
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.execution.{FilterExec, ProjectExec, SortExec, SparkPlan}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.{BaseJoinExec, BroadcastHashJoinExec, ShuffledHashJoinExec, SortMergeJoinExec}
@@ -14,12 +14,13 @@ import umjoin.spark.tsc.{Check, MemberPatterns, NodeKind, PatternVocabulary}
 /** What `rules/streaming.yaml` may say about a micro-batch's physical plan. */
 object PhysicalPatterns {
 
-  /** Join types a streaming UMJoin computes: inner joins, and an outer stream-stream join on top of its group. */
-  private val supportedJoinTypes: Map[String, JoinType] = Map("Inner" -> Inner, "LeftOuter" -> LeftOuter, "RightOuter" -> RightOuter)
+  /** Join types a streaming UMJoin computes: inner joins, and an outer or semi stream-stream join on top of its group. */
+  private val supportedJoinTypes: Map[String, JoinType] =
+    Map("Inner" -> Inner, "LeftOuter" -> LeftOuter, "RightOuter" -> RightOuter, "LeftSemi" -> LeftSemi)
 
-  /** The non-preserved side of an outer stream-stream join is one input of the group: the stream whose rows pad with NULLs. */
+  /** The non-preserved side of an outer or semi stream-stream join is one input of the group: the stream matched against. */
   def keptAsInput(output: SparkPlan, child: SparkPlan): Boolean = output match {
-    case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter => j.right eq child
+    case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == LeftSemi => j.right eq child
     case j: StreamingSymmetricHashJoinExec if j.joinType == RightOuter => j.left eq child
     case _ => false
   }
@@ -49,12 +50,12 @@ object PhysicalPatterns {
       "ProjectExec" -> NodeKind[SparkPlan](_.isInstanceOf[ProjectExec], isJoin = false),
       "FilterExec" -> NodeKind[SparkPlan](_.isInstanceOf[FilterExec], isJoin = false)),
     checks = Map(
-      "joinType" -> Check[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", "takes a list of join types (supported: Inner, LeftOuter, RightOuter)", arg => {
+      "joinType" -> Check[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", "takes a list of join types (supported: Inner, LeftOuter, RightOuter, LeftSemi)", arg => {
         val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
         val unknown = names.filterNot(supportedJoinTypes.contains)
         if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
         else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a streaming UMJoin member; it computes inner joins " +
-          "and one left or right outer stream-stream join on top of a group")
+          "and one left outer, right outer or left semi stream-stream join on top of a group")
         else {
           val types = names.map(supportedJoinTypes).toSet
           Right(node => joinTypeOf(node).exists(types.contains))

@@ -177,7 +177,7 @@ object StreamingLayout {
     }
     val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
     val optimal = ProbeCost.optimize(costGraph, sizes, partitions)
-    val choice = optimal.copy(routes = optimal.routes.map { case (start, route) => start -> outerLast(graph, route) })
+    val choice = optimal.copy(routes = optimal.routes.map { case (start, route) => start -> nonPreservedLast(graph, route) })
     // Every index a step could use; the routes' steps then pick theirs (the widest usable), and only those are kept.
     val possible = classesOf.map { cs =>
       if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
@@ -185,7 +185,8 @@ object StreamingLayout {
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics)
     val indexes = (0 until n).map { i =>
       if (!InputKind.isStored(kinds(i))) Nil
-      else choice.routes.values.toSeq.flatMap { route =>
+      // (A semi join's stream starts no route: its rows only let combinations through.)
+      else choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
         route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, ix)) => ix }
       }.distinct.sortBy(_.classes.mkString(","))
     }
@@ -193,13 +194,13 @@ object StreamingLayout {
   }
 
   /**
-   * `route` with the outer join's non-preserved input probed last (unless the route starts there):
-   * everything its ON clause reads is bound by then, and the rows bound before it are a whole
-   * combination of the preserved inputs, which waits in the outer input's partition for a match
+   * `route` with the outer or semi join's non-preserved input probed last (unless the route starts
+   * there): everything its condition reads is bound by then, and the rows bound before it are a
+   * whole combination of the preserved inputs, which waits in that input's partition for a match
    * where none is stored yet. The other inputs keep their order where they can, each reached from
-   * an input before it (they are connected without the outer input, or the group does not convert).
+   * an input before it (they are connected without it, or the group does not convert).
    */
-  def outerLast(graph: JoinGraph, route: ProbeRoute): ProbeRoute = graph.outer.keys.headOption match {
+  def nonPreservedLast(graph: JoinGraph, route: ProbeRoute): ProbeRoute = (graph.outer.keys ++ graph.filters.keys).headOption match {
     case Some(o) if o != route.start && route.order.last != o =>
       val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)
@@ -207,13 +208,13 @@ object StreamingLayout {
       var remaining = route.order.tail.filter(_ != o)
       while (remaining.nonEmpty) {
         val next = remaining.find(r => placed.exists(shares(_, r))).getOrElse(throw new IllegalStateException(
-          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the outer join of input $o are not connected without it"))
+          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the join of input $o are not connected without it"))
         val from = route.edges.collectFirst { case (f, `next`) if placed.contains(f) => f }.getOrElse(placed.find(shares(_, next)).get)
         edges += ((from, next))
         placed += next
         remaining = remaining.filter(_ != next)
       }
-      val onFrom = graph.outer(o).flatMap(c => graph.classes(c).inputs).find(i => i != o && placed.contains(i)).get
+      val onFrom = graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs).find(i => i != o && placed.contains(i)).get
       ProbeRoute(route.start, edges.toSeq :+ ((onFrom, o)))
     case _ => route
   }

@@ -11,7 +11,7 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
-import org.apache.spark.sql.catalyst.plans.{LeftOuter, RightOuter}
+import org.apache.spark.sql.catalyst.plans.{LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
@@ -90,9 +90,10 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
       def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
+      val mismatched = mutable.Map[Long, String]()
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -100,7 +101,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
-      checkCheckpoint(plan, accepted.flatMap(_._2.identity))
+      checkCheckpoint(plan, accepted.flatMap(_._2.identity), mismatched)
       tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
     }
   }
@@ -109,9 +110,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
    * state is either UMJoin's (one store per stream, under the top join's operator id, with its
    * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
-   * this names the problem instead.
+   * this names the problem instead (`mismatched`: why the groups tried did not fit an operator's recorded layout).
    */
-  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec]): Unit = {
+  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec], mismatched: scala.collection.Map[Long, String]): Unit = {
     lazy val hadoopConf = session.sessionState.newHadoopConf()
     plan.foreach {
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
@@ -135,6 +136,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             s"spark.umjoin.enabled=false, or use a new checkpoint location to run this query with UMJoin.")
         }
         if (!isUMJoin && hasUMJoinState) {
+          mismatched.get(info.operatorId).foreach(refusal => throw new IllegalStateException(refusal))
           throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
             s"${info.operatorId}, but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is false, or the " +
             s"join no longer converts). Restart with the settings the checkpoint was written with, or use a new checkpoint location.")
@@ -156,19 +158,21 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
    * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`).
+   * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
-      compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo]): Either[String, StreamingGroupPlan] = {
+      compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
+      mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val inputs = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
       j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
-    val outer = outerJoinOf(group, kinds)
-    val outerJoin = outer.toOption.flatten
+    val onTop = topJoinOf(group, kinds)
+    val topJoin = onTop.toOption.flatten
     val conjuncts = group.members.flatMap {
-      case j: StreamingSymmetricHashJoinExec if outerJoin.exists(_._1 eq j) => Nil
+      case j: StreamingSymmetricHashJoinExec if topJoin.exists(_._1 eq j) => Nil
       case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
       case j: BaseJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
@@ -187,20 +191,41 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && ranBefore(stateInfo.get)))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
-    else if (outer.isLeft) Left(outer.swap.toOption.get)
-    else JoinGraph.build(outputs, conjuncts, group.root.output, outerJoins = outerJoin.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
-      val conditions = conjuncts ++ outerJoin.toSeq.flatMap(o => joinConjuncts(o._1))
-      // Whether the combinations an outer join pads with NULLs can ever be put out (Spark's own analysis refuses the query otherwise).
-      def unmatchable(watermark: Long): Option[Expression] = outerJoin.flatMap { case (_, o) =>
+    else if (onTop.isLeft) Left(onTop.swap.toOption.get)
+    else JoinGraph.build(outputs, conjuncts, group.root.output,
+        filterJoins = topJoin.collect { case (j, o) if j.joinType == LeftSemi => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
+        outerJoins = topJoin.collect { case (j, o) if j.joinType != LeftSemi => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
+      val conditions = conjuncts ++ topJoin.toSeq.flatMap(o => joinConjuncts(o._1))
+      // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
+      def unmatchable(watermark: Long): Option[Expression] = topJoin.flatMap { case (_, o) =>
         StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark)
       }
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
-      else if (outerJoin.exists { case (j, o) => outerJoinRefusal(graph, j, o).isDefined }) Left(outerJoin.flatMap { case (j, o) => outerJoinRefusal(graph, j, o) }.get)
-      else if (outerJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(outerJoin.get._1)} bound when a " +
-        "combination of its preserved side can no longer find a match, so none would ever be put out with NULLs")
+      else if (topJoin.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoin.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.get)
+      else if (topJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(topJoin.get._1)} bound when a " +
+        "combination of its preserved side can no longer find a match, so none would ever be let go")
       else {
         val info = stateInfo.get
-        val layout = recordedLayout(info, graph, outputs).getOrElse {
+        def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
+          val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
+          Right(StreamingGroupPlan(
+            graph = graph,
+            inputs = inputs,
+            layout = layout,
+            stateInfo = info,
+            identity = stateful.headOption,
+            lateRows = group.inputs.indices.map { i =>
+              if (kinds(i) != InputKind.Stream) None
+              else streamJoinAbove(group, group.inputs(i)).flatMap(j => StreamingWatermarks.lateRows(outputs(i), j.eventTimeWatermarkForLateEvents))
+            },
+            evictable = inputs.indices.map { i =>
+              if (kinds(i) != InputKind.Stream) None
+              else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams)
+            },
+            unmatchable = evictionWatermark.flatMap(unmatchable),
+            evictionWatermark = evictionWatermark))
+        }
+        recordedLayout(info, graph, outputs).map(_.getOrElse {
           val measured = inputs.indices.map(i => measure(inputs(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
@@ -210,58 +235,51 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes)
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
           chosen
+        }) match {
+          // A checkpoint written for another group: this group does not run; if no group with this
+          // operator's state runs, the checkpoint check tells why (splitting tries several groups).
+          case Left(refusal) if stateful.isEmpty => throw new IllegalStateException(refusal)
+          case Left(refusal) =>
+            mismatched(info.operatorId) = refusal
+            Left(refusal)
+          case Right(layout) => plannedWith(layout)
         }
-        val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
-        Right(StreamingGroupPlan(
-          graph = graph,
-          inputs = inputs,
-          layout = layout,
-          stateInfo = info,
-          identity = stateful.headOption,
-          lateRows = group.inputs.indices.map { i =>
-            if (kinds(i) != InputKind.Stream) None
-            else streamJoinAbove(group, group.inputs(i)).flatMap(j => StreamingWatermarks.lateRows(outputs(i), j.eventTimeWatermarkForLateEvents))
-          },
-          evictable = inputs.indices.map { i =>
-            if (kinds(i) != InputKind.Stream) None
-            else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams)
-          },
-          unmatchable = evictionWatermark.flatMap(unmatchable),
-          evictionWatermark = evictionWatermark))
       }
     }
   }
 
   /**
-   * The group's outer stream-stream join and the index of its non-preserved input, or why the group
-   * cannot run it: one outer join, with no join or filter of the group above it (the combination it
-   * pads with NULLs is then a result row as it is), whose non-preserved side is one stream.
+   * The group's outer or semi stream-stream join and the index of its non-preserved input, or why
+   * the group cannot run it: one such join, with no join or filter of the group above it (the
+   * combination it pads with NULLs, or lets through, is then a result row as it is), whose
+   * non-preserved side is one stream.
    */
-  private def outerJoinOf(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind]): Either[String, Option[(StreamingSymmetricHashJoinExec, Int)]] =
-    group.members.collect { case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter => j } match {
+  private def topJoinOf(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind]): Either[String, Option[(StreamingSymmetricHashJoinExec, Int)]] =
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j } match {
       case Seq() => Right(None)
       case Seq(j) =>
-        val nonPreserved = if (j.joinType == LeftOuter) j.right else j.left
+        val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
         val input = group.inputs.indexWhere(_ eq nonPreserved)
         val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
         val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
         if (above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
-          Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs an outer join on top of its group only)")
+          Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs an outer or semi join on top of its group only)")
         else if (input < 0 || nonPreserved.exists(isJoin))
           Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
         else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
         else Right(Some((j, input)))
-      case several => Left(s"it has ${several.size} outer stream-stream joins (a streaming UMJoin runs one, on top of its group)")
+      case several => Left(s"it has ${several.size} outer or semi stream-stream joins (a streaming UMJoin runs one, on top of its group)")
     }
 
   /**
-   * Why the outer join of non-preserved input `o` cannot run in a streaming UMJoin, if it cannot: its
-   * combinations wait for a match in `o`'s partition, found by one key, and checked by its ON clause alone.
+   * Why the outer or semi join of non-preserved input `o` cannot run in a streaming UMJoin, if it
+   * cannot: its combinations wait for a match in `o`'s partition, found by one key, and checked by
+   * the join's own condition alone.
    */
-  private def outerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
-    val on = graph.outer(o)
-    if (on.size != 1) Some(s"its ${describe(join)} has ${on.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
-    else if (graph.classes.indices.exists(c => graph.classes(c).inputs.contains(o) && !on.contains(c)) || graph.residuals.exists(r => r.inputs.contains(o) && r.outer.isEmpty))
+  private def topJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
+    val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
+    if (keys.size != 1) Some(s"its ${describe(join)} has ${keys.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
+    else if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))
       Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
     else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
     else None
@@ -286,24 +304,22 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     file.getFileSystem(session.sessionState.newHadoopConf()).exists(file)
   }
 
-  private def recordedLayout(info: StatefulOperatorStateInfo, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Option[StreamingLayout] = {
+  /** The layout recorded for the operator (None: not yet), or why this group cannot continue its state, said for people. */
+  private def recordedLayout(info: StatefulOperatorStateInfo, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Either[String, Option[StreamingLayout]] = {
     val file = StreamingUMJoinExec.layoutFile(info)
     val fs = file.getFileSystem(session.sessionState.newHadoopConf())
-    if (!fs.exists(file)) None
+    def refusal(reason: String): String = s"The checkpoint ${info.checkpointLocation} holds " +
+      s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
+      s"checkpoint was written for, or use a new checkpoint location."
+    if (!fs.exists(file)) Right(None)
     else {
-      def refuse(reason: String): Nothing = throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds " +
-        s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
-        s"checkpoint was written for, or use a new checkpoint location.")
       val text = try {
         val in = fs.open(file)
-        try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+        try Right(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
       } catch {
-        case e: java.io.IOException => refuse(s"its layout record $file cannot be read (${e.getMessage})")
+        case e: java.io.IOException => Left(refusal(s"its layout record $file cannot be read (${e.getMessage})"))
       }
-      StreamingLayout.fromJson(text, graph, outputs) match {
-        case Right(layout) => Some(layout)
-        case Left(reason) => refuse(reason)
-      }
+      text.flatMap(StreamingLayout.fromJson(_, graph, outputs).map(Some(_)).left.map(refusal))
     }
   }
 
@@ -359,9 +375,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
     // policy's routes may not all reach (they change the inputs bound before a store).
     val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
-    else if (plan.graph.outer.nonEmpty) {
+    else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
       val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its routes instead of choosing them by " +
-        s"${conf.probeOrder.policy.name}: its outer join's non-preserved side is probed last in every route"
+        s"${conf.probeOrder.policy.name}: its outer or semi join's non-preserved side is probed last in every route"
       if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
@@ -383,6 +399,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       classKeys = plan.graph.classes.map(_.members.map(_._2)),
       residuals = plan.graph.residuals.map(_.condition),
       residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
+      filters = plan.graph.filters,
       outerJoins = plan.graph.outer,
       residualOuter = plan.graph.residuals.map(_.outer),
       unmatchable = plan.unmatchable,
