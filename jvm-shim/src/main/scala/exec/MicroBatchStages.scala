@@ -38,25 +38,24 @@ final case class StageMetrics(
     stateRows: IndexedSeq[SQLMetric],
     indexEntries: IndexedSeq[SQLMetric],
     static: Map[Int, StaticMetrics],
-    outer: Option[OuterMetrics])
+    unmatched: Option[UnmatchedMetrics])
 
 /**
  * The metrics of an outer or semi join: combinations no row matched (put out with NULLs, or
  * dropped), and combinations waiting for a match.
  */
-final case class OuterMetrics(unmatchedGone: SQLMetric, waiting: SQLMetric)
+final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
 
 /**
  * An outer or semi join's combinations of its preserved inputs that no row of its non-preserved
- * input `outer` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in input
- * order), partitioned as `outer`'s store is, by the combination's value of the join's key class.
+ * input `nonPreserved` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in
+ * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's key class.
  *
- * @param outerKey    `outer`'s expression for that class
- * @param onCondition the rest of the join's condition, over a combination's columns and then `outer`'s
- * @param unmatchable the combinations no later row of `outer` can match (None: no watermark yet)
+ * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
+ * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet)
  * @param semi        a semi join (a combination comes out at its first match), else an outer one
  */
-final case class UnmatchedSpec(outer: Int, spec: InputStateSpec, outerKey: Expression, onCondition: Option[Expression],
+final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
     unmatchable: Option[Expression], semi: Boolean)
 
 /** The metrics of a stored static table. */
@@ -221,7 +220,7 @@ private[exec] final class StageTask(
     case _ => inMemory(input, index)
   }
 
-  // The outer join's new combinations of its preserved inputs that no row of its outer input matched in this task
+  // An outer or semi join's new combinations of its preserved inputs that no row of its non-preserved input matched in this task
   // (or, in the last stage, that earlier stages shipped here): they wait for a match in the last stage's store.
   private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
 
@@ -291,7 +290,7 @@ private[exec] final class StageTask(
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
     })
     val all = 0 until job.partitions
-    // Unmatched combinations stay in this partition (their outer input's store's) until the last stage.
+    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
     val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
     StageTask.whenDone(produced().flatMap {
       case (start, row) if start < 0 => Iterator.single((partition, wrap(start, row)))
@@ -335,17 +334,17 @@ private[exec] final class StageTask(
   private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
     val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
     unmatchedWriter = Some(writer)
-    val outerIndex = StoreIndex.single(u.spec.partitionClass)
-    val arrived = indexInMemory(u.outer, fresh(u.outer, None), Seq(outerIndex))(outerIndex)
+    val matchIndex = StoreIndex.single(u.spec.partitionClass)
+    val arrived = indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndex))(matchIndex)
     val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
-    val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.outer)))
+    val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
     val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
     val joined = new JoinedRow
     def matched(combination: InternalRow): Boolean =
       arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
-    // The outer input's columns may be NULL in a result row: bound as nullable. A semi join's result has none of them.
-    val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.outer).map(_.withNullability(true)))
-    val nulls = new GenericInternalRow(job.outputs(u.outer).size)
+    // The non-preserved input's columns may be NULL in a result row: bound as nullable. A semi join's result has none of them.
+    val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.nonPreserved).map(_.withNullability(true)))
+    val nulls = new GenericInternalRow(job.outputs(u.nonPreserved).size)
     val out = mutable.ArrayBuffer[InternalRow]()
     def putOut(combination: InternalRow): Unit = out += padded(joined(combination, nulls)).copy()
     /** Whether the combination goes: matched now (a semi join's comes out), or matched by no later row (an outer join's comes out). */
@@ -355,7 +354,7 @@ private[exec] final class StageTask(
         true
       } else if (unmatchable.exists(_.eval(combination))) {
         if (!u.semi) putOut(combination)
-        metrics.outer.foreach(_.unmatchedGone += 1)
+        metrics.unmatched.foreach(_.gone += 1)
         true
       } else false
     metrics.removed += writer.removeWhere((_, combination) => goes(combination))
@@ -402,7 +401,7 @@ private[exec] final class StageTask(
     }
     unmatchedWriter.foreach { writer =>
       writer.commit()
-      metrics.outer.foreach(_.waiting += writer.rowCount)
+      metrics.unmatched.foreach(_.waiting += writer.rowCount)
     }
     committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriter)
     report()
@@ -419,7 +418,7 @@ private[exec] final class StageTask(
 
 private[exec] object StageTask {
 
-  /** What a shipped row is when it is not a partial combination of a route (-1: a result row): an outer join's unmatched combination. */
+  /** What a shipped row is when it is not a partial combination of a route (-1: a result row): an outer or semi join's unmatched combination. */
   val Unmatched: Int = -2
 
   /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */

@@ -222,7 +222,7 @@ case class StreamingUMJoinExec(
         UnmatchedSpec(o,
           InputStateSpec(o, preserved.flatMap(outputs), key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
             InputState.unmatchedStoreName(o)),
-          graph.classes(key).keyOf(o).get, graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
+          graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
           semi = filters.contains(o))
       },
       partitions = partitions,
@@ -242,7 +242,7 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap,
-      outer = nonPreserved.map(o => OuterMetrics(longMetric(if (filters.contains(o)) s"semiDroppedInput$o" else s"nullPaddedInput$o"),
+      unmatched = nonPreserved.map(o => UnmatchedMetrics(longMetric(if (filters.contains(o)) s"semiDroppedInput$o" else s"nullPaddedInput$o"),
         longMetric(s"unmatchedRowsInput$o"))))
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
