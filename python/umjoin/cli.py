@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
     bench.add_argument("--thresholds", type=_thresholds, default=None,
-                       help="broadcast thresholds measured: default (Spark's), 1MB, or both comma-separated (default both)")
+                       help="broadcast thresholds measured, comma-separated: default (Spark's) and 1MB (when omitted: default,1MB)")
 
     memory = commands.add_parser("bench-memory", parents=[data], help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
     memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
