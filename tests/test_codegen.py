@@ -91,8 +91,11 @@ def test_adaptive_probe_order_runs_the_interpreted_loop(spark: SparkSession, tpc
     assert rows == spark_rows
 
 
-def test_unique_and_repeated_keys_nulls_and_conditions(spark: SparkSession, tmp_path: Path) -> None:
-    """Stores with unique keys (single-row lookups) and repeated ones, NULL keys, a non-equi condition."""
+@pytest.mark.parametrize("placement", [{}, {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.umjoin.stateBackend": "auto"}],
+                         ids=["broadcast", "partitioned-auto"])
+def test_unique_and_repeated_keys_nulls_and_conditions(spark: SparkSession, tmp_path: Path, placement: dict[str, str]) -> None:
+    """Stores with unique keys (single-row lookups) and repeated ones on one key class, NULL keys, a non-equi condition;
+    broadcast hash tables, and stores each task builds in Spark's memory-managed map (`auto`)."""
     tables = {
         "cg_fact": ([(i % 7 if i % 11 else None, i % 5, i) for i in range(300)], "k int, j int, v int"),
         "cg_unique": ([(k, f"d{k}") for k in range(6)], "k int, name string"),
@@ -103,11 +106,11 @@ def test_unique_and_repeated_keys_nulls_and_conditions(spark: SparkSession, tmp_
         spark.createDataFrame(rows, schema).write.parquet(str(tmp_path / name))
         spark.read.parquet(str(tmp_path / name)).createOrReplaceTempView(name)
     sql = """SELECT f.v, u.name, r.w FROM cg_fact f JOIN cg_unique u ON f.k = u.k
-             JOIN cg_repeated r ON f.j = r.j AND r.w < f.v"""
-    generated_rows, generated_plan = run(spark, sql, {"spark.sql.adaptive.enabled": "false"})
-    interpreted_rows, interpreted_plan = run(spark, sql, {"spark.sql.adaptive.enabled": "false",
+             JOIN cg_repeated r ON f.k = r.j AND r.w < f.v"""
+    generated_rows, generated_plan = run(spark, sql, {"spark.sql.adaptive.enabled": "false", **placement})
+    interpreted_rows, interpreted_plan = run(spark, sql, {"spark.sql.adaptive.enabled": "false", **placement,
                                                           "spark.sql.codegen.wholeStage": "false"})
-    spark_rows, _ = run(spark, sql, {"spark.umjoin.enabled": "false"})
+    spark_rows, _ = run(spark, sql, {"spark.umjoin.enabled": "false", **placement})
     assert generated_umjoins(generated_plan) == [True]
     assert generated_rows == interpreted_rows == spark_rows
     assert sum(generated_rows.values()) > 100

@@ -20,7 +20,7 @@ trait JoinStore extends AutoCloseable {
   def keyCount: Long
 }
 
-/** A store rows can be added to at any time, also between probes (rows arriving one by one). */
+/** A store rows can be added to at any time, also between probes (rows arriving one by one); `keysAreUnique` holds for the rows added so far. */
 trait AppendableStore extends JoinStore {
   /** Adds `row` under `key` (no NULL in it). */
   def add(key: UnsafeRow, row: UnsafeRow): Unit

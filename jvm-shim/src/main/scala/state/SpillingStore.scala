@@ -20,6 +20,7 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
   private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, math.min(1L << 20, context.taskMemoryManager().pageSizeBytes()))
   private var disk: RocksDBStore = _
   private var rows = 0L
+  private var repeatedKey = false
   private val row = new UnsafeRow(numFields)
 
   /** The RocksDB store the rows moved to, once they did. */
@@ -29,9 +30,12 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
     rows += 1
     if (disk == null) {
       val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      repeatedKey ||= location.isDefined
       val added = location.append(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes,
         value.getBaseObject, value.getBaseOffset, value.getSizeInBytes)
-      if (added && map.getTotalMemoryConsumption <= maxMemory) return
+      // getUsed is the memory the map took from the task (pages and array); getTotalMemoryConsumption
+      // would sum the same by walking every page, at each row.
+      if (added && map.getUsed <= maxMemory) return
       moveToDisk()
       if (added) return
     }
@@ -64,9 +68,21 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
       }
     }
 
+  // A batch task reads this once its stores are built; a store that moved to RocksDB takes the iterator path.
+  override def keysAreUnique: Boolean = disk == null && !repeatedKey
+
+  override def getOne(key: UnsafeRow): InternalRow = {
+    val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+    if (!location.isDefined) null
+    else {
+      row.pointTo(location.getValueBase, location.getValueOffset, location.getValueLength)
+      row
+    }
+  }
+
   override def isEmpty: Boolean = rows == 0
   override def keyCount: Long = rows
-  override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else if (map != null) map.getTotalMemoryConsumption else 0L
+  override def sizeInBytes: Long = if (disk != null) disk.sizeInBytes else if (map != null) map.getUsed else 0L
 
   /** Frees the map's memory (and closes the RocksDB store); closing again does nothing. */
   override def close(): Unit = {
