@@ -3,8 +3,10 @@
 Two settings of Spark's broadcast threshold: its default (10 MB), and a low one (1 MB: how larger
 data looks, where only small inputs are broadcast and Spark's other joins shuffle and sort their
 intermediate results). Per setting and query, off and on alternate within each repetition, after
-one unmeasured warm-up run of each, so both see the same machine state. Results: Markdown, JSON and
-a plot of the on/off ratios under the output directory.
+one unmeasured warm-up run of each, so both see the same machine state. Beside the times, each plan's
+join work UMJoin can save: the bytes its joins read through shuffles of intermediate (joined) results
+and the task time its sorts for joins took. Results: Markdown, JSON and a plot of the on/off ratios
+under the output directory.
 """
 
 from __future__ import annotations
@@ -28,11 +30,39 @@ __all__ = ["run_bench", "THRESHOLDS"]
 THRESHOLDS: dict[str, str | None] = {"default": None, "1MB": "1m"}
 
 
-def _timed(spark: SparkSession, sql: str, enabled: bool) -> tuple[float, list[tuple]]:  # type: ignore[type-arg]
+_JOINS = {"SortMergeJoinExec", "BroadcastHashJoinExec", "ShuffledHashJoinExec", "BroadcastNestedLoopJoinExec",
+          "CartesianProductExec", "UMJoinExec"}
+# Nodes between a join and the exchange or sort feeding it.
+_BETWEEN = {"SortExec", "ProjectExec", "FilterExec", "ShuffleQueryStageExec", "AQEShuffleReadExec", "InputAdapter",
+            "WholeStageCodegenExec", "ShuffleExchangeExec"}
+
+
+def join_work(plan: plans.PlanNode) -> dict[str, float]:
+    """What the executed `plan`'s joins cost beyond reading their inputs: MB of intermediate (already
+    joined) results shuffled into a join, and seconds of task time sorting for joins."""
+    shuffled = sort_ms = 0
+
+    def visit(node: plans.PlanNode, feeds_join: bool) -> None:
+        nonlocal shuffled, sort_ms
+        if feeds_join and node.name == "SortExec":
+            sort_ms += node.metrics.get("sort time", 0)
+        if feeds_join and node.name == "ShuffleExchangeExec" and any(n.name in _JOINS for n in node.children[0].walk()):
+            shuffled += node.metrics.get("data size", 0)
+        for child in node.children:
+            visit(child, node.name in _JOINS or (feeds_join and node.name in _BETWEEN))
+
+    visit(plan, False)
+    return {"intermediate_shuffled_mb": shuffled / 1e6, "join_sort_s": sort_ms / 1e3}
+
+
+def _timed(spark: SparkSession, sql: str, enabled: bool) -> tuple[float, list[tuple], dict[str, float]]:  # type: ignore[type-arg]
+    """Seconds, rows and join work of one run."""
     spark.conf.set("spark.umjoin.enabled", str(enabled).lower())
     start = time.perf_counter()
-    rows = [tuple(r) for r in spark.sql(sql).collect()]
-    return time.perf_counter() - start, rows
+    df = spark.sql(sql)
+    rows = [tuple(r) for r in df.collect()]
+    seconds = time.perf_counter() - start
+    return seconds, rows, join_work(plans.physical_plan(df))
 
 
 def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int]) -> list[dict[str, Any]]:
@@ -44,9 +74,10 @@ def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int
         _timed(spark, sql, True)
         times: dict[bool, list[float]] = {False: [], True: []}
         rows: dict[bool, list[tuple]] = {}  # type: ignore[type-arg]
+        work: dict[bool, dict[str, float]] = {}
         for _ in range(repetitions):
             for enabled in (False, True):
-                seconds, rows[enabled] = _timed(spark, sql, enabled)
+                seconds, rows[enabled], work[enabled] = _timed(spark, sql, enabled)
                 times[enabled].append(seconds)
         spark.conf.set("spark.umjoin.enabled", "true")
         groups = [len(n.inputs) for n in plans.umjoin_nodes(plans.physical_plan(spark.sql(sql)))]
@@ -59,6 +90,7 @@ def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int
         results.append({
             "query": number, "umjoin_inputs": groups, "off_s": off, "on_s": on, "on_off_ratio": on / off,
             "off_runs_s": times[False], "on_runs_s": times[True], "same_answer": same, "official_answer": check,
+            "off_join_work": work[False], "on_join_work": work[True],
         })
         print(f"Q{number:02d}  off {off:7.2f}s  on {on:7.2f}s  on/off {on / off:5.2f}  umjoin {groups}  same {same}  official {check}", flush=True)
     return results
@@ -75,13 +107,18 @@ def _table(threshold: str, results: list[dict[str, Any]]) -> list[str]:
     return [
         f"## Broadcast threshold: {threshold}",
         "",
-        "| query | UMJoin inputs | off (s) | on (s) | on/off | same answer | official answer |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| query | UMJoin inputs | off (s) | on (s) | on/off | joined rows shuffled off / on (MB) | join sorts off / on (s) | same answer | official answer |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
         *(
-            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {r['off_s']:.2f} | {r['on_s']:.2f} | "
-            f"{r['on_off_ratio']:.2f} | {'yes' if r['same_answer'] else 'NO'} | {r['official_answer']} |"
+            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {r['off_s']:.2f} | {r['on_s']:.2f} | {r['on_off_ratio']:.2f} | "
+            f"{r['off_join_work']['intermediate_shuffled_mb']:.1f} / {r['on_join_work']['intermediate_shuffled_mb']:.1f} | "
+            f"{r['off_join_work']['join_sort_s']:.2f} / {r['on_join_work']['join_sort_s']:.2f} | "
+            f"{'yes' if r['same_answer'] else 'NO'} | {r['official_answer']} |"
             for r in results
         ),
+        "",
+        "Joined rows shuffled: bytes of already joined (intermediate) results shuffled into a join; join sorts: task "
+        "time of the sorts feeding sort-merge joins (both from the last run's SQL metrics, summed over tasks).",
         "",
         f"Total: off {sum(r['off_s'] for r in results):.1f}s, on {sum(r['on_s'] for r in results):.1f}s. "
         f"Geometric mean on/off over the {len(converted)} converted queries: {geometric_mean_converted(results):.2f}; "
