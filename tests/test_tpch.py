@@ -19,6 +19,9 @@ CONFIGS = {
     # No broadcasts: every input is hash-partitioned, groups split where inputs share no key class.
     "aqe-on-no-broadcast": {"spark.sql.adaptive.enabled": "true", "spark.sql.autoBroadcastJoinThreshold": "-1"},
     "aqe-off-no-broadcast": {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"},
+    # UMJoin's interpreted probe loop, as without whole-stage codegen: broadcast stores, then stores built per task.
+    "interpreted": {"spark.sql.codegen.wholeStage": "false"},
+    "interpreted-no-broadcast": {"spark.sql.codegen.wholeStage": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"},
 }
 # The queries of the paper's Table 3 whose Spark plan has adjacent joins (Q15's has a single join).
 PAPER_TABLE_3 = (2, 3, 5, 7, 8, 9, 10, 11, 18, 21)
