@@ -44,3 +44,7 @@ def tpch_data(spark: SparkSession) -> Path:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow whole-system tests (wheel build, cluster) run last, so a failure elsewhere shows first."""
     items.sort(key=lambda item: any(item.get_closest_marker(m) for m in ("packaging", "cluster")))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--event-time-seeds", default="50", help="cases of the randomised event-time streaming suite (test_streaming_event_time.py)")

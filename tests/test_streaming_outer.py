@@ -69,6 +69,11 @@ def outer_query(spark: SparkSession, directory: Path, how: str) -> DataFrame:
     return inner.join(f["z"], on, "left_outer") if how == "left" else f["z"].join(inner, on, "right_outer")
 
 
+def umjoin_operator(query: StreamingQuery) -> dict:  # type: ignore[type-arg]
+    """The StreamingUMJoin's entry in the query's last progress (the replaced joins' ids have entries of their own)."""
+    return next(op for op in query.lastProgress["stateOperators"] if op["operatorName"] == "umJoin")
+
+
 def run_by_batch(df: DataFrame, checkpoint: Path, out: Path) -> tuple[StreamingQuery, dict[tuple, list[int]]]:  # type: ignore[type-arg]
     """Runs the query to the end, each micro-batch's rows written with its batch id; returns the query
     and, per distinct result row, the batches that put it out (once per copy)."""
@@ -115,7 +120,7 @@ def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins
 
     outer_input = 0 if how == "right" else 3
     assert metric(umjoin, f"nullPaddedInput{outer_input}") == sum(len(on[row]) for row in padded)
-    assert umjoin.lastProgress["stateOperators"][-1]["customMetrics"][f"unmatchedRowsInput{outer_input}"] == 0  # all went at the end
+    assert umjoin_operator(umjoin)["customMetrics"][f"unmatchedRowsInput{outer_input}"] == 0  # all went at the end
 
     def dropped(query: StreamingQuery) -> int:
         return sum(op["numRowsDroppedByWatermark"] for p in query.recentProgress for op in p["stateOperators"])
@@ -174,7 +179,7 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
         running = start({"processingTime": "100 milliseconds"})
         running.processAllAvailable()
         running.stop()
-        waiting = running.lastProgress["stateOperators"][-1]["customMetrics"]["unmatchedRowsInput3"]
+        waiting = umjoin_operator(running)["customMetrics"]["unmatchedRowsInput3"]
         for name in "wxyz":
             for f in sorted((staged / name).glob("*.parquet")):
                 f.rename(data / name / f.name)

@@ -60,6 +60,8 @@ import umjoin.spark.state.StaticCacheSettings
  * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
  *                    partition holds at most this many (spark.umjoin.stateCacheRows)
  * @param staticCache what executors keep in memory of stored static tables (spark.umjoin.staticCache)
+ * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's join
+ *                    tree (see [[umjoin.spark.planning.JoinWatermarks]])
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -81,6 +83,7 @@ case class StreamingUMJoinExec(
     staticCache: StaticCacheSettings,
     stateInfo: Option[StatefulOperatorStateInfo],
     eventTimeWatermarkForEviction: Option[Long],
+    outputWatermarkShiftMs: Long,
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
   override def nodeName: String = "StreamingUMJoin"
@@ -143,6 +146,8 @@ case class StreamingUMJoinExec(
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     longMetric(s"rowsInInput$i"), longMetric(s"probesInput$i"), longMetric(s"matchesInput$i"),
     longMetric(s"earlyStopsInput$i"), longMetric(s"stateBytesInput$i"))
+
+  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 
   /** A batch with no new rows still runs when the watermark moved past what the state holds. */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =

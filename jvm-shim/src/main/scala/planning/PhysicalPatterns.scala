@@ -71,5 +71,9 @@ object PhysicalPatterns {
       "attributesOnly" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
         case p: ProjectExec => p.projectList.forall(_.isInstanceOf[Attribute])
         case _ => false
+      },
+      "deterministic" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
+        case p: ProjectExec => p.projectList.forall(_.deterministic)
+        case _ => false
       }))
 }

@@ -9,12 +9,13 @@ import org.apache.hadoop.fs.Path
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeSet, EqualTo, ExprId, Expression, NamedExpression, PredicateHelper}
+import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
 import org.apache.spark.sql.catalyst.plans.{LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec, SortExec, SparkPlan}
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
@@ -29,7 +30,11 @@ import umjoin.spark.tsc.{MemberPatterns, MultiJoinGroup, TwoStepConvert}
 /**
  * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
  * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over; a group
- * of one stream and static tables has none, and `stateInfo` is a new operator's.
+ * of one stream and static tables has none, and `stateInfo` is a new operator's. `marks` are the
+ * columns each input's rows carry for the late filters over partial combinations (see
+ * [[StreamingWatermarks]]), whose conditions are among the graph's residuals. `output` is what the
+ * StreamingUMJoin puts out: the group's output, or the input columns it is computed from, by
+ * `project`, when projections of the group compute some of it.
  */
 final case class StreamingGroupPlan(
     graph: JoinGraph,
@@ -37,6 +42,10 @@ final case class StreamingGroupPlan(
     layout: StreamingLayout,
     stateInfo: StatefulOperatorStateInfo,
     identity: Option[StreamingSymmetricHashJoinExec],
+    marks: Seq[Seq[Alias]],
+    watermarks: Option[JoinWatermarks],
+    output: Seq[Attribute],
+    project: Option[Seq[NamedExpression]],
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     unmatchable: Option[Expression],
@@ -93,7 +102,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val mismatched = mutable.Map[Long, String]()
       val accepted =
         if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason"))
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -146,6 +155,27 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
+   * Where a projection no member pattern admits sits between `root` and a stream-stream join above
+   * it, that projection, which cuts the join tree into groups: said with the reason a group stays.
+   */
+  private def cutBy(plan: SparkPlan, root: SparkPlan): String = {
+    def parentOf(node: SparkPlan): Option[SparkPlan] = plan.collectFirst { case p if p.children.exists(_ eq node) => p }
+    def above(node: SparkPlan): Option[SparkPlan] = parentOf(node).flatMap {
+      case p @ (_: ShuffleExchangeExec | _: SortExec) => above(p)
+      case p => Some(p)
+    }
+    above(root) match {
+      case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty && p.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec]) &&
+          plan.exists(j => j.isInstanceOf[StreamingSymmetricHashJoinExec] && j.children.exists(_.exists(_ eq p))) =>
+        val computed = p.projectList.filterNot(_.deterministic).map(_.sql)
+        s"; the projection [${p.projectList.map(_.sql).mkString(", ")}] above it cuts it from the stream-stream join above: " +
+          (if (computed.nonEmpty) s"its columns ${computed.mkString(", ")} are not deterministic (a StreamingUMJoin would compute them once per result row, not once per intermediate row)"
+          else "rules/streaming.yaml admits no such projection into a join group")
+      case _ => ""
+    }
+  }
+
+  /**
    * A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k = y_k`
    * (without expression ids, which change from one micro-batch to the next: a reason is told once).
    */
@@ -164,11 +194,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
-    val inputs = group.inputs.map(placeable)
+    val unmarked = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
+    // Columns the group's projections compute (renamed, re-marked or computed), as expressions over the inputs' columns.
+    val aliases: Map[ExprId, Expression] =
+      group.members.collect { case p: ProjectExec => p.projectList.collect { case a: Alias => a.exprId -> a.child } }.flatten.toMap
+    def resolve(e: Expression): Expression = e.transformUp { case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId)) }
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
-      j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)
+      (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
     val onTop = topJoinOf(group, kinds)
     val topJoin = onTop.toOption.flatten
     val conjuncts = group.members.flatMap {
@@ -178,8 +212,20 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
       case f: FilterExec => splitConjunctivePredicates(f.condition)
       case _ => Nil
-    }
+    }.map(resolve)
+    val lateFilters = sideLateFilters(group, stateful, kinds, resolve)
+    val joinWatermarks = JoinWatermarks.of(group, stateful)
+    val filters = lateFilters.getOrElse(Nil)
+    val unmarkedOutputs = unmarked.map(_.output)
+    val combined = filters.filterNot(_.atArrival(unmarkedOutputs))
+    val marks = unmarked.indices.map(i => combined.filter(_.streams.contains(i)).map(StreamingWatermarks.mark))
+    val inputs = unmarked.zip(marks).map { case (input, m) => if (m.isEmpty) input else ProjectExec(input.output ++ m, input) }
     val outputs = inputs.map(_.output)
+    // The group's output computed from the inputs' columns; the StreamingUMJoin puts out those it reads.
+    val resultColumns = group.root.output.map(a => a -> resolve(a))
+    val computed = resultColumns.exists { case (a, e) => !(e.isInstanceOf[Attribute] && e.asInstanceOf[Attribute].exprId == a.exprId) }
+    val read = AttributeSet(resultColumns.flatMap(_._2.references))
+    val resultInputs = outputs.flatten.filter(read.contains).distinct
     val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
     val recorded = stateful.isEmpty && stateInfo.exists(hasLayout)
@@ -192,13 +238,24 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
     else if (onTop.isLeft) Left(onTop.swap.toOption.get)
-    else JoinGraph.build(outputs, conjuncts, group.root.output,
+    else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
+    else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
+    else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
         filterJoins = topJoin.collect { case (j, o) if j.joinType == LeftSemi => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
         outerJoins = topJoin.collect { case (j, o) if j.joinType != LeftSemi => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
       val conditions = conjuncts ++ topJoin.toSeq.flatMap(o => joinConjuncts(o._1))
+      // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
+      val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
       // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
       def unmatchable(watermark: Long): Option[Expression] = topJoin.flatMap { case (_, o) =>
-        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark)
+        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark, checked)
+      }
+      // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
+      val lateConditions = combined.flatMap { f =>
+        f.streams.map { r =>
+          val mark = outputs(r).find(_.name == StreamingWatermarks.mark(f).name).get
+          ResidualCondition(StreamingWatermarks.notLate(f, mark), inputs.indices.filter(i => f.time.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet + r)
+        }
       }
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
       else if (topJoin.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoin.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.get)
@@ -209,24 +266,31 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
           val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
           Right(StreamingGroupPlan(
-            graph = graph,
+            graph = graph.copy(residuals = graph.residuals ++ lateConditions),
             inputs = inputs,
             layout = layout,
             stateInfo = info,
             identity = stateful.headOption,
-            lateRows = group.inputs.indices.map { i =>
-              if (kinds(i) != InputKind.Stream) None
-              else streamJoinAbove(group, group.inputs(i)).flatMap(j => StreamingWatermarks.lateRows(outputs(i), j.eventTimeWatermarkForLateEvents))
+            marks = marks,
+            watermarks = joinWatermarks.toOption.flatten,
+            output = if (!computed) group.root.output else resultInputs.map { a =>
+              // An outer join pads its non-preserved input's columns with NULLs.
+              if (topJoin.exists { case (j, o) => j.joinType != LeftSemi && AttributeSet(outputs(o)).contains(a) }) a.withNullability(true) else a
             },
+            project = Option.when(computed)(resultColumns.map {
+              case (a, e: Attribute) if e.exprId == a.exprId => a
+              case (a, e) => Alias(e, a.name)(a.exprId, a.qualifier, Some(a.metadata))
+            }),
+            lateRows = inputs.indices.map(i => if (kinds(i) != InputKind.Stream) None else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
             evictable = inputs.indices.map { i =>
               if (kinds(i) != InputKind.Stream) None
-              else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams)
+              else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams, checked)
             },
             unmatchable = evictionWatermark.flatMap(unmatchable),
             evictionWatermark = evictionWatermark))
         }
         recordedLayout(info, graph, outputs).map(_.getOrElse {
-          val measured = inputs.indices.map(i => measure(inputs(i), FirstBatchStatistics.keys(graph, i)))
+          val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
@@ -345,12 +409,30 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     case None => plan.children.headOption.flatMap(estimatedRows)
   }
 
-  /** The stream-stream join an input's rows go into (through projections, filters, stream-static joins): its watermark decides their lateness. */
-  private def streamJoinAbove(group: MultiJoinGroup[SparkPlan], node: SparkPlan): Option[StreamingSymmetricHashJoinExec] =
-    group.members.find(_.children.exists(_ eq node)).flatMap {
-      case j: StreamingSymmetricHashJoinExec => Some(j)
-      case other => streamJoinAbove(group, other)
+  /**
+   * The late filter of every side of the group's stream-stream joins that has an event-time column
+   * (as Spark finds it: the side's one column marked by a watermark), or why the group cannot
+   * reproduce them. `resolve` turns a column of the group's projections into an expression over its inputs.
+   */
+  private def sideLateFilters(group: MultiJoinGroup[SparkPlan], stateful: Seq[StreamingSymmetricHashJoinExec],
+      kinds: IndexedSeq[InputKind], resolve: Expression => Expression): Either[String, Seq[SideLateFilter]] = {
+    val sides = stateful.flatMap(j => Seq((j, j.left, "left"), (j, j.right, "right")))
+    val found = sides.map { case (j, side, name) =>
+      val times = side.output.filter(_.metadata.contains(EventTimeWatermark.delayKey))
+      if (times.map(_.exprId).distinct.size > 1)
+        Left(s"the $name side of its ${describe(j)} has several event-time columns (${times.map(_.name).distinct.mkString(", ")}), " +
+          "which Spark's stream-stream join refuses (MULTIPLE_EVENT_TIME_COLUMNS)")
+      else times.headOption.map(resolve) match {
+        case Some(time) if !time.deterministic =>
+          Left(s"the event-time column of the $name side of its ${describe(j)} is computed by ${time.sql}, which is not deterministic")
+        case Some(time) =>
+          val below = group.inputs.indices.filter(i => kinds(i) == InputKind.Stream && side.exists(_ eq group.inputs(i)))
+          Right(Option.when(below.nonEmpty)(SideLateFilter(s"op${j.getStateInfo.operatorId}_$name", below, time, j.eventTimeWatermarkForLateEvents)))
+        case None => Right(None)
+      }
     }
+    found.collectFirst { case Left(reason) => reason }.toLeft(found.flatMap(_.toOption.flatten))
+  }
 
   private def kindOf(input: SparkPlan, storeStatic: Boolean): InputKind =
     if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
@@ -386,14 +468,22 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     }
+    // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else above the StreamingUMJoin.
+    val replaced = group.members.collect { case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j }
+    def throughReplaced(input: SparkPlan, joins: Seq[(StreamingSymmetricHashJoinExec, Long)]): SparkPlan =
+      joins.foldLeft(input) { case (child, (j, shift)) => StreamingUMJoinMemberExec(j.stateInfo, shift, child) }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
+      val marked = if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
       layout.partitionClass(j) match {
-        case Some(c) => partitionedBy(input, plan.graph.classes(c).keyOf(j).get, partitions)
+        case Some(c) =>
+          val placed = partitionedBy(marked, plan.graph.classes(c).keyOf(j).get, partitions)
+          plan.watermarks.filter(_.carrier == j).fold(placed)(w => throughReplaced(placed, w.chain))
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
     }
+    require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined), "the stream carrying the watermarks is partitioned")
     val umjoin = StreamingUMJoinExec(
-      output = group.root.output,
+      output = plan.output,
       inputLabels = converted.map(label),
       classInputs = plan.graph.classes.map(_.members.map(_._1)),
       classKeys = plan.graph.classes.map(_.members.map(_._2)),
@@ -412,10 +502,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       staticCache = conf.staticCache,
       stateInfo = Some(info),
       eventTimeWatermarkForEviction = plan.evictionWatermark,
+      outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
       children = children)
     logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
-    group.members.collect { case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j }
-      .foldLeft(umjoin: SparkPlan)((child, replaced) => StreamingUMJoinMemberExec(replaced.stateInfo, child))
+    val joined = if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))
+    plan.project.fold(joined)(ProjectExec(_, joined))
   }
 
   /** The input hash-partitioned on its key into the state's partitions. */

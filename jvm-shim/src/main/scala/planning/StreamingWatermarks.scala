@@ -1,15 +1,38 @@
 package umjoin.spark.planning
 
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, Expression, Or}
+import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, Expression, GetStructField, LessThanOrEqual, Literal, Not, Or}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.execution.streaming.operators.stateful.WatermarkSupport
+import org.apache.spark.sql.types.{LongType, StructType}
+
+/**
+ * The late-row filter Spark's stream-stream join `name` (operator and side) applies to one of its
+ * sides: rows whose event time `time` (the side's event-time column, as an expression over the
+ * group's inputs) is at or below the join's late-events watermark are dropped. `streams` are the
+ * group's streams below that side. Over one stream's columns it decides at arrival; over a
+ * partial combination (several streams, or columns of a static table too) Spark decides in the
+ * micro-batch that combination was formed, the arrival of its last row; see [[StreamingWatermarks]].
+ */
+final case class SideLateFilter(name: String, streams: Seq[Int], time: Expression, watermarkMs: Option[Long]) {
+  def atArrival(inputOutputs: Seq[Seq[Attribute]]): Boolean =
+    streams.size == 1 && time.references.subsetOf(AttributeSet(inputOutputs(streams.head)))
+}
 
 /**
  * Event-time watermarks for a streaming UMJoin's inputs.
  *
- * Late rows: an input's rows at or below the late-events watermark are dropped before they join or
- * are stored, with the predicate Spark's stream-stream join applies to that input's rows.
+ * Late rows: Spark drops late rows at every join of its binary tree, on both sides, with that
+ * join's watermark: a leaf's rows, and the intermediate rows of a subtree. A filter over one
+ * stream's rows drops them before they join or are stored. A filter over a subtree of several
+ * streams applies to the partial combination of that subtree, in the micro-batch it was formed:
+ * when its last row arrived. Watermarks never go back, so the join's watermark in that micro-batch
+ * is the highest of its watermarks when each of the subtree's rows arrived; each stored row of
+ * those streams keeps the join's watermark at its arrival (a "mark" column), and the combination
+ * passes when its event time is above every mark (a residual condition of the group, checked as
+ * soon as the subtree's inputs are bound). With no intermediate rows kept, this is the one place
+ * the binary tree's answer could differ from UMJoin's: a combination completed by a row arriving
+ * now, whose subtree Spark dropped as late micro-batches ago.
  *
  * Eviction: a stored row of input i can go once no future row of any other stream can complete a
  * result with it (a static table's rows do not arrive; they join the stream rows of each batch). Spark's binary tree may evict a leaf's rows earlier because it keeps their
@@ -27,14 +50,28 @@ object StreamingWatermarks {
   def eventTimeColumn(attributes: Seq[Attribute]): Option[Attribute] =
     attributes.find(_.metadata.contains(EventTimeWatermark.delayKey))
 
-  /** Rows of an input that are late: Spark's predicate for a join side, or None without watermark. */
-  def lateRows(inputOutput: Seq[Attribute], lateEventsWatermarkMs: Option[Long]): Option[Expression] =
-    WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutput), lateEventsWatermarkMs)
+  /** An input's late rows: those any of its filters decided at arrival drops (Spark's predicates), or None. */
+  def lateRows(input: Int, filters: Seq[SideLateFilter]): Option[Expression] =
+    filters.filter(_.streams == Seq(input)).flatMap(f => WatermarkSupport.watermarkExpression(Some(f.time), f.watermarkMs)).reduceOption(Or)
+
+  /** The column a stored row of a stream keeps for a filter over a partial combination: the join's watermark (µs) at its arrival, NULL before there is one. */
+  def mark(filter: SideLateFilter): Alias =
+    Alias(Literal.create(filter.watermarkMs.map(_ * 1000).orNull, LongType), s"__umjoin_late_${filter.name}")()
+
+  /**
+   * The condition a combination meets unless `filter` dropped its subtree: its event time above
+   * `mark`, one stream's row's mark (Spark's comparison, a window's end for a window; a NULL passes).
+   */
+  def notLate(filter: SideLateFilter, mark: Attribute): Expression = {
+    val compared = if (filter.time.dataType.isInstanceOf[StructType]) GetStructField(filter.time, 1) else filter.time
+    Coalesce(Seq(Not(LessThanOrEqual(compared, mark)), Literal(true)))
+  }
 
   /**
    * Stored rows of input `i` that can no longer join, or None if some other stream is unbounded.
    * `classes` are the join key classes; `conditions` all conditions of the group; `streams` the
-   * inputs whose rows arrive over time.
+   * inputs whose rows arrive over time; `checked` the streams whose own event-time column some late
+   * filter checks (only their later rows are known to pass the watermark).
    */
   def evictableRows(
       i: Int,
@@ -42,11 +79,13 @@ object StreamingWatermarks {
       classes: Seq[KeyClass],
       conditions: Seq[Expression],
       evictionWatermarkMs: Option[Long],
-      streams: Seq[Int]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
+      streams: Seq[Int],
+      checked: Set[Int]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
     val distance = timeDistances(inputOutputs, conditions)
     val others = streams.filter(_ != i)
     val bounds = others.map { m =>
-      keyBound(i, m, inputOutputs, classes, watermark).orElse(distance(i)(m).flatMap { d =>
+      if (!checked.contains(m)) None
+      else keyBound(i, m, inputOutputs, classes, watermark).orElse(distance(i)(m).flatMap { d =>
         WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
       })
     }
@@ -59,7 +98,7 @@ object StreamingWatermarks {
    * state and put out with NULLs. A combination goes once one preserved input's row is ruled out
    * for every later row of `outer` (a later row passes the watermark W): its key in a class with
    * `outer`'s event-time column at or below W, or its event time at or below W - d(p, outer). None
-   * when no preserved input is bounded so.
+   * when no preserved input is bounded so, or no late filter checks `outer`'s event time (`checked`).
    */
   def unmatchableRows(
       outer: Int,
@@ -67,7 +106,8 @@ object StreamingWatermarks {
       inputOutputs: Seq[Seq[Attribute]],
       classes: Seq[KeyClass],
       conditions: Seq[Expression],
-      evictionWatermarkMs: Long): Option[Expression] = {
+      evictionWatermarkMs: Long,
+      checked: Set[Int]): Option[Expression] = if (!checked.contains(outer)) None else {
     val distance = timeDistances(inputOutputs, conditions)
     preserved.flatMap { p =>
       keyBound(p, outer, inputOutputs, classes, evictionWatermarkMs).orElse(distance(p)(outer).flatMap { d =>
