@@ -46,10 +46,10 @@ MICRO_BATCHES = 12
 START = datetime.datetime(2026, 3, 1, 8, 0)
 
 
-def generate(directory: Path, seed: int = 1) -> None:
+def generate(directory: Path, seed: int = 1, micro_batches: int = MICRO_BATCHES) -> None:
     """One JSON file per stream and micro-batch (event time advancing 20 minutes a batch), and the ads table."""
     rng = random.Random(seed)
-    rows: dict[str, list[list[dict[str, object]]]] = {name: [[] for _ in range(MICRO_BATCHES)] for name in STREAMS}
+    rows: dict[str, list[list[dict[str, object]]]] = {name: [[] for _ in range(micro_batches)] for name in STREAMS}
 
     def key(value: int) -> int | None:
         return None if rng.random() < 0.02 else value
@@ -58,7 +58,7 @@ def generate(directory: Path, seed: int = 1) -> None:
         return (START + datetime.timedelta(minutes=20 * batch + minutes)).isoformat()
 
     click_id = 0
-    for b in range(MICRO_BATCHES):
+    for b in range(micro_batches):
         for i in range(rng.randint(25, 35)):
             imp = {"imp_id": 1000 * b + i, "user_id": key(rng.randrange(12)), "ad_id": key(rng.randrange(6)),
                    "imp_time": at(b, rng.uniform(0, 20))}
@@ -67,12 +67,12 @@ def generate(directory: Path, seed: int = 1) -> None:
                 click_id += 1
                 shown = datetime.datetime.fromisoformat(str(imp["imp_time"]))
                 clicked = shown + datetime.timedelta(minutes=rng.uniform(0, 70))
-                arrives = min(MICRO_BATCHES - 1, b + rng.randint(0, 2))
+                arrives = min(micro_batches - 1, b + rng.randint(0, 2))
                 click = {"click_id": click_id, "c_user_id": imp["user_id"], "c_ad_id": imp["ad_id"], "click_time": clicked.isoformat()}
                 rows["clicks"][arrives].append(click)
                 if rng.random() < 0.6:  # a conversion within two hours of the click
                     converted = clicked + datetime.timedelta(minutes=rng.uniform(0, 130))
-                    rows["conversions"][min(MICRO_BATCHES - 1, arrives + rng.randint(0, 3))].append(
+                    rows["conversions"][min(micro_batches - 1, arrives + rng.randint(0, 3))].append(
                         {"conv_id": click_id, "cv_click_id": key(click_id), "amount": round(rng.uniform(1, 90), 2),
                          "conv_time": converted.isoformat()})
         for _ in range(rng.randint(2, 5)):

@@ -110,7 +110,8 @@ def run_case(spark: SparkSession, tmp_path: Path, case: Case, name: str, setting
     return on, off, batch, plan
 
 
-@pytest.mark.parametrize("seed", range(16))
+# Eight cases, two of each shape; graphs with watermarks and time ranges are test_streaming_event_time's.
+@pytest.mark.parametrize("seed", range(8))
 def test_random_join_graphs_as_streams_give_the_batch_join_and_spark_joins(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     case = random_case(seed)
     settings = {"spark.sql.shuffle.partitions": str(2 + seed % 3), **(ROCKSDB if seed % 2 else {})}

@@ -19,10 +19,11 @@ import umjoin.spark.tsc.MultiJoinGroup
  * operator id gets what reached it. It simulates over the micro-batch's plan before the joins are
  * replaced, but also over the previous micro-batch's executed plan, where they are. Over a join
  * tree every input watermark is W less an offset the query fixes (its time ranges). So the
- * StreamingUMJoin's one input `carrier`, a stream with a watermark (it puts out W), goes through
- * the replaced joins' ids in `chain`, in the order of their offsets, each passing on W less the
- * next one's offset (`shiftMs`); the StreamingUMJoin, the top join's id, gets W less its offset from
- * the chain, and passes on W less the group's output offset (`outputShiftMs`).
+ * StreamingUMJoin's one input `carrier`, the one that puts out the input watermark of the join of
+ * least offset, goes through the replaced joins' ids in `chain`, in the order of their offsets,
+ * each passing on W less the next one's offset (`shiftMs`); the StreamingUMJoin, the top join's
+ * id, gets W less its offset from the chain (no input puts out less: watermarks only fall going
+ * up a join tree), and passes on W less the group's output offset (`outputShiftMs`).
  */
 final case class JoinWatermarks(carrier: Int, chain: Seq[(StreamingSymmetricHashJoinExec, Long)], outputShiftMs: Long)
 
@@ -53,16 +54,17 @@ object JoinWatermarks {
     }
     val output = simulate(group.root)
     val offsets = stateful.map(j => j -> inputWatermark(j.getStateInfo.operatorId).map(Far - _))
-    val carrier = group.inputs.indexWhere(input => PhysicalPatterns.isStreaming(input) && simulate(input).contains(Far))
     if (stateful.isEmpty || offsets.forall(_._2.isEmpty)) Right(None)
-    else if (offsets.exists(_._2.isEmpty) || output.isEmpty || carrier < 0)
+    else if (offsets.exists(_._2.isEmpty) || output.isEmpty)
       Left("some of its stream-stream joins have no watermark below them and others do, which the StreamingUMJoin cannot pass on as Spark does")
     else {
       val top = offsets.head._2.get
       val below = offsets.tail.map { case (j, c) => (j, c.get) }.sortBy(_._2)
-      // The chain starts from the carrier's W: its first join's input watermark must be W itself.
-      if (below.headOption.map(_._2).getOrElse(top) != 0)
-        Left("none of its stream-stream joins takes the global watermark as it is, which the StreamingUMJoin cannot pass on as Spark does")
+      // The chain starts from the carrier's output watermark: the first join's input watermark. Spark's
+      // join of least offset takes it from one of its inputs, so some input puts it out.
+      val first = below.headOption.map(_._2).getOrElse(top)
+      val carrier = group.inputs.indexWhere(input => PhysicalPatterns.isStreaming(input) && simulate(input).contains(Far - first))
+      if (carrier < 0) Left("no input of the group puts out the watermark its lowest stream-stream join takes, which the StreamingUMJoin cannot pass on as Spark does")
       else {
         val next = below.drop(1).map(_._2) :+ top
         Right(Some(JoinWatermarks(carrier, below.zip(next).map { case ((j, c), n) => (j, c - n) }, top - (Far - output.get))))
