@@ -218,14 +218,14 @@ def start_by_batch(df: DataFrame, checkpoint: Path) -> tuple[StreamingQuery, dic
     return df.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start(), emitted
 
 
+def by_batch(emitted: dict[tuple[Any, ...], list[int]]) -> dict[tuple[Any, ...], list[int]]:
+    return {row: sorted(batches) for row, batches in emitted.items()}
+
+
 def run_by_batch(df: DataFrame, checkpoint: Path) -> tuple[StreamingQuery, dict[tuple[Any, ...], list[int]]]:
     running, emitted = start_by_batch(df, checkpoint)
     running.awaitTermination()
-    return running, {row: sorted(batches) for row, batches in emitted.items()}
-
-
-def state_rows(query: StreamingQuery) -> int:
-    return sum(op["numRowsTotal"] for op in query.lastProgress["stateOperators"])
+    return running, by_batch(emitted)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +248,6 @@ def run_case(spark: SparkSession, tmp_path: Path, case: Case, settings: dict[str
         spark_joins, off = start_by_batch(query(without, case, tmp_path), tmp_path / "ck-off")
         for running in (umjoin, spark_joins):
             running.awaitTermination()
-    by_batch = lambda emitted: {row: sorted(batches) for row, batches in emitted.items()}  # noqa: E731
     return umjoin, by_batch(on), spark_joins, by_batch(off), executed_plan(umjoin)
 
 
@@ -296,7 +295,7 @@ def test_random_event_time_joins_give_sparks_rows_micro_batch_by_micro_batch(
         outcome = "one StreamingUMJoin"
         assert plan.count("StreamingUMJoin inputs=") == 1, (described, reasons, plan)
         assert "StreamingSymmetricHashJoin" not in plan and not reasons, (described, reasons, plan)
-    state_report.append(f"{event_time_seed}\t{len(case.streams)}\t{' '.join(case.shape)}\t{outcome}\t{state_rows(umjoin)}\t{state_rows(spark_joins)}\n")
+    state_report.append(f"{event_time_seed}\t{len(case.streams)}\t{' '.join(case.shape)}\t{outcome}\t{ad_attribution.state_rows(umjoin)}\t{ad_attribution.state_rows(spark_joins)}\n")
 
 
 def test_the_generator_covers_what_the_suite_promises(spark: SparkSession, tmp_path: Path) -> None:
