@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JAR := python/umjoin/jars/umjoin-spark.jar
 SCALA_SOURCES := $(shell find jvm-shim/src/main/scala -name '*.scala')
+# The tests' and benchmarks' own JVM classes (cost models asked directly, the arrival replay); never installed.
+TESTKIT := build/umjoin-spark-testkit.jar
+TESTKIT_SOURCES := $(shell find jvm-shim/src/test/scala -name '*.scala')
 RULES := $(wildcard rules/*.yaml)
 REPORT_SF ?= 0.1
 BENCH_SF ?= 1
@@ -12,7 +15,7 @@ BENCH_REPS ?= 3
 BENCH_MEMORY_SF ?= 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build browser test report demo bench bench-memory bench-streaming bench-static bench-probe-order clean
+.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-static bench-probe-order clean
 
 venv: $(INSTALLED)
 
@@ -28,7 +31,16 @@ build: $(JAR)
 $(JAR): $(INSTALLED) $(SCALA_SOURCES) $(RULES) jvm-shim/build_jar.py
 	$(PY) jvm-shim/build_jar.py $@
 
-test: build browser
+testkit: $(TESTKIT)
+
+$(TESTKIT): $(JAR) $(TESTKIT_SOURCES)
+	$(PY) jvm-shim/build_jar.py --testkit $(JAR) $@
+
+# The README's configuration table, from the settings the jar declares (a test checks it is current).
+readme-settings: build
+	$(PY) jvm-shim/readme_settings.py $(JAR)
+
+test: build testkit browser
 	$(PY) -m pytest -q
 
 # The report test renders the HTML report in Debian's Chromium; installed here when missing.
@@ -44,30 +56,30 @@ demo: build
 
 bench: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench --sf $(BENCH_SF) --repetitions $(BENCH_REPS) --out bench/results
+	$(PY) -m bench tpch --sf $(BENCH_SF) --repetitions $(BENCH_REPS) --out bench/results
 
 # The paper's memory experiment (TPC-DS SF 1, 4-way join); plots need matplotlib (the bench extra).
 bench-memory: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench-memory --sf $(BENCH_MEMORY_SF) --out bench/results
+	$(PY) -m bench memory --sf $(BENCH_MEMORY_SF) --out bench/results
 
 # The paper's main claim in Structured Streaming: the 4-way join over streams, UMJoin vs Spark's joins.
 bench-streaming: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench-streaming --sf $(BENCH_MEMORY_SF) --out bench/results
+	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --out bench/results
 
 # Paper 003's setting: orders as a stream joined with customer and nation as static tables, Zipf skew
 # 0, 0.5, 1; Spark's stream-static join against UMJoin's stored customer with each cache mode.
 bench-static: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench-static --sf 1 --out bench/results
+	$(PY) -m bench static --sf 1 --out bench/results
 
 # Paper 001's probe-order experiments: the 4-way TPC-DS join's rows replayed in random order, 24 initial
 # orders x policies; in-memory stores at SF 1, RocksDB stores (slower probes) at SF 0.3. About an hour.
-bench-probe-order: build
+bench-probe-order: build testkit
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(VENV)/bin/umjoin bench-probe-order --sf 1 --backend memory --out bench/results
-	$(VENV)/bin/umjoin bench-probe-order --sf 0.3 --backend rocksdb --out bench/results
+	$(PY) -m bench probe-order --sf 1 --backend memory --out bench/results
+	$(PY) -m bench probe-order --sf 0.3 --backend rocksdb --out bench/results
 
 clean:
 	rm -rf build $(JAR)

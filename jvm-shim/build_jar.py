@@ -5,6 +5,9 @@ to Spark's jars, so the jar always matches the Spark that loads it. Used by `mak
 package build (setup.py), the only two ways the jar is made.
 
 Usage: python jvm-shim/build_jar.py <output jar>   (with the python whose pyspark the jar is for)
+       python jvm-shim/build_jar.py --testkit <UMJoin jar> <output jar>
+The testkit jar (jvm-shim/src/test/scala: the cost models asked directly, the arrival replay) is
+compiled against the UMJoin jar for the test suite and the benchmarks; it is never installed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALA_SOURCES = ROOT / "jvm-shim" / "src" / "main" / "scala"
+TESTKIT_SOURCES = ROOT / "jvm-shim" / "src" / "test" / "scala"
 RULES = ROOT / "rules"
 COMPILER_JARS = ("scala-compiler", "scala-library", "scala-reflect")
 
@@ -53,8 +57,9 @@ def source_files() -> list[Path]:
     return sorted(SCALA_SOURCES.rglob("*.scala")) + sorted(RULES.glob("*.yaml"))
 
 
-def build_jar(output: Path) -> Path:
-    """Compiles the shim and writes the jar (classes plus `umjoin/rules/*.yaml`) to ``output``."""
+def build_jar(output: Path, testkit_of: Path | None = None) -> Path:
+    """Compiles the shim and writes the jar (classes plus `umjoin/rules/*.yaml`) to ``output``; with
+    ``testkit_of`` (the UMJoin jar), compiles the testkit against it instead."""
     spark_jars = _spark_jars()
     compiler_classpath = []
     for name in COMPILER_JARS:
@@ -62,9 +67,11 @@ def build_jar(output: Path) -> Path:
         if not matches:
             raise BuildError(f"{name}-2.13.*.jar is not in {spark_jars}; the shim needs pyspark==4.3.0, which ships it")
         compiler_classpath.append(str(matches[-1]))
-    sources = sorted(SCALA_SOURCES.rglob("*.scala"))
+    source_dir = SCALA_SOURCES if testkit_of is None else TESTKIT_SOURCES
+    sources = sorted(source_dir.rglob("*.scala"))
     if not sources:
-        raise BuildError(f"no Scala sources under {SCALA_SOURCES}; build from a complete checkout or source distribution")
+        raise BuildError(f"no Scala sources under {source_dir}; build from a complete checkout or source distribution")
+    classpath = str(spark_jars / "*") if testkit_of is None else os.pathsep.join([str(testkit_of), str(spark_jars / "*")])
     with tempfile.TemporaryDirectory(prefix="umjoin-build-") as scratch:
         classes = Path(scratch) / "classes"
         classes.mkdir()
@@ -72,7 +79,7 @@ def build_jar(output: Path) -> Path:
         arguments.write_text("\n".join(str(s) for s in sources) + "\n")
         command = [_java(), "-cp", os.pathsep.join(compiler_classpath), "scala.tools.nsc.Main",
                    "-deprecation", "-feature", "-Wunused:imports", "-Werror",
-                   "-classpath", str(spark_jars / "*"), "-d", str(classes), f"@{arguments}"]
+                   "-classpath", classpath, "-d", str(classes), f"@{arguments}"]
         if subprocess.run(command).returncode != 0:
             raise BuildError("the Scala compiler failed (its messages are above)")
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -83,18 +90,22 @@ def build_jar(output: Path) -> Path:
                 if path.is_file():
                     jar.write(path, path.relative_to(classes).as_posix())
             # The member patterns travel inside the jar: the built-in rules are the ones it was built with.
-            for rules in sorted(RULES.glob("*.yaml")):
+            for rules in sorted(RULES.glob("*.yaml")) if testkit_of is None else ():
                 jar.write(rules, f"umjoin/rules/{rules.name}")
         partial.replace(output)
     return output
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python jvm-shim/build_jar.py <output jar>", file=sys.stderr)
+    if len(argv) == 1:
+        output, testkit_of = Path(argv[0]), None
+    elif len(argv) == 3 and argv[0] == "--testkit":
+        output, testkit_of = Path(argv[2]), Path(argv[1])
+    else:
+        print("usage: python jvm-shim/build_jar.py [--testkit <UMJoin jar>] <output jar>", file=sys.stderr)
         return 2
     try:
-        print(f"built {build_jar(Path(argv[0]))}")
+        print(f"built {build_jar(output, testkit_of)}")
     except BuildError as e:
         print(f"jvm-shim/build_jar.py: {e}", file=sys.stderr)
         return 1

@@ -72,7 +72,7 @@ def test_bench_join_work_counts_the_joined_rows_spark_shuffles_and_sorts_and_umj
     """Q5 without broadcasts: Spark's sort-merge joins shuffle and sort what the joins below produced;
     with UMJoin, Spark's joins of customer, orders and lineitem stay (no key class fits all) and the rest is one
     UMJoin, which shuffles less of it and sorts less."""
-    from umjoin.bench import join_work
+    from bench.tpch import join_work
 
     def work(enabled: bool) -> dict[str, float]:
         settings = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1", "spark.umjoin.enabled": str(enabled).lower()}

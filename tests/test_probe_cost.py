@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 def probe_cost(spark: SparkSession, groups: list[dict[str, Any]], partitions: int, jointly: bool = False) -> dict[str, Any]:
     request = {"groups": groups, "partitions": partitions, "jointly": jointly}
-    return json.loads(spark._jvm.umjoin.spark.PlanInspection.probeCost(json.dumps(request)))
+    return json.loads(spark._jvm.umjoin.spark.testkit.CostModels.probeCost(json.dumps(request)))
 
 
 def paper_example() -> list[dict[str, Any]]:

@@ -98,7 +98,7 @@ def probe_routes(spark: SparkSession, policy: str, n: int, edges: list[Edge], st
         "mu": [[a, b, v] for (a, b), v in stats["mu"].items()],
         "kappa": stats["kappa"],
     }
-    answer = json.loads(spark._jvm.umjoin.spark.PlanInspection.probeRoutes(json.dumps(request)))
+    answer = json.loads(spark._jvm.umjoin.spark.testkit.CostModels.probeRoutes(json.dumps(request)))
     return {int(start): route for start, route in answer.items()}
 
 
@@ -155,7 +155,7 @@ def forecast(spark: SparkSession, cycles: list[dict[str, Any]], smoothing: dict[
         ],
         "smoothing": smoothing,
     }
-    answer = json.loads(spark._jvm.umjoin.spark.PlanInspection.forecastStatistics(json.dumps(request)))
+    answer = json.loads(spark._jvm.umjoin.spark.testkit.CostModels.forecastStatistics(json.dumps(request)))
     return {
         "gamma": {(a, b): v for a, b, v in answer["gamma"]},
         "mu": {(a, b): v for a, b, v in answer["mu"]},
@@ -285,7 +285,7 @@ def test_route_changes_inside_a_task_lose_and_duplicate_no_row(spark: SparkSessi
 
 def test_arrival_replay_gives_sparks_rows_under_every_policy_and_backend(spark: SparkSession, shifting_views: Path) -> None:
     with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
-        replay = spark.sparkContext._jvm.umjoin.spark.exec.ArrivalReplay.prepare(spark.sql(SHIFT_SQL)._jdf)
+        replay = spark.sparkContext._jvm.umjoin.spark.testkit.ArrivalReplay.prepare(spark.sql(SHIFT_SQL)._jdf)
         try:
             # <input label>.<column>; the inputs are files s, a, b, c, which the query aliases by the same letters.
             columns = replay.resultColumns()
@@ -307,7 +307,7 @@ def test_arrival_replay_gives_sparks_rows_under_every_policy_and_backend(spark: 
 
 
 def test_arrival_replay_explains_what_it_cannot_replay(spark: SparkSession, shifting_views: Path) -> None:
-    jvm_replay = spark.sparkContext._jvm.umjoin.spark.exec.ArrivalReplay
+    jvm_replay = spark.sparkContext._jvm.umjoin.spark.testkit.ArrivalReplay
     with temporary_conf(spark, {"spark.sql.adaptive.enabled": "true"}):
         with pytest.raises(Exception, match="set spark.sql.adaptive.enabled=false"):
             jvm_replay.prepare(spark.sql(SHIFT_SQL)._jdf)

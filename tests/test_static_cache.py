@@ -18,7 +18,7 @@ UNBOUNDED = 1e18
 
 def choose(spark: SparkSession, keys: list[dict[str, Any]], v_r: float, v_s: float, hysteresis: float = 1.0, max_bytes: float = UNBOUNDED) -> dict[str, Any]:
     model = {"masterRowBytes": v_r, "streamRowBytes": v_s, "hysteresis": hysteresis, "maxBytes": max_bytes}
-    return json.loads(spark._jvm.umjoin.spark.PlanInspection.staticCache(json.dumps({"model": model, "keys": keys})))
+    return json.loads(spark._jvm.umjoin.spark.testkit.CostModels.staticCache(json.dumps({"model": model, "keys": keys})))
 
 
 def random_keys(rng: random.Random, count: int) -> list[dict[str, Any]]:
@@ -89,7 +89,7 @@ def test_the_memory_bound_takes_whole_keys_most_saving_first(spark: SparkSession
 
 def test_the_stream_rate_forecast_smooths_and_forgets(spark: SparkSession) -> None:
     request = {"alpha": 0.5, "batches": [{"a": 4}, {"b": 2}, {"a": 4, "b": 2}] + [{}] * 12}
-    after = json.loads(spark._jvm.umjoin.spark.PlanInspection.streamRates(json.dumps(request)))
+    after = json.loads(spark._jvm.umjoin.spark.testkit.CostModels.streamRates(json.dumps(request)))
     assert after[0] == {"a": 2.0}
     assert after[1] == {"a": 1.0, "b": 1.0}
     assert after[2] == {"a": 2.5, "b": 1.5}

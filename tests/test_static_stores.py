@@ -190,7 +190,7 @@ def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkS
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert loads == [1, 1]
     assert rows == expected_join(phases) and len(rows) > 0
-    jvm = spark._jvm.umjoin.spark.exec  # type: ignore[union-attr]
+    jvm = spark._jvm.umjoin.spark.streaming  # type: ignore[union-attr]
     deadline = time.time() + 20
     while (jvm.StaticVersions.tracked() or jvm.StaticCaches.count()) and time.time() < deadline:
         time.sleep(0.2)

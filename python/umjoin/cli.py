@@ -1,4 +1,4 @@
-"""The `umjoin` command: jar, tpch-report, plan-diff, demo, bench, bench-memory, bench-streaming, bench-static, bench-probe-order."""
+"""The `umjoin` command: jar, tpch-report, plan-diff, demo. (The benchmarks run from a clone: `python -m bench`.)"""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from umjoin import jar_path, tpch
 from umjoin.datadir import DATA_DIR_ENV
 from umjoin.errors import UserError
 
-__all__ = ["main"]
+__all__ = ["check_extra", "data_dir_parser", "main", "positive_number", "query_numbers", "whole_number", "whole_numbers"]
 
 
-def _query_numbers(text: str) -> list[int]:
+def query_numbers(text: str) -> list[int]:
     try:
         numbers = list(tpch.QUERY_NUMBERS) if text == "all" else [int(n) for n in text.split(",")]
     except ValueError:
@@ -27,17 +27,7 @@ def _query_numbers(text: str) -> list[int]:
     return numbers
 
 
-def _thresholds(text: str) -> list[str]:
-    from umjoin.bench import THRESHOLDS
-
-    names = text.split(",")
-    unknown = [n for n in names if n not in THRESHOLDS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"broadcast thresholds are {', '.join(THRESHOLDS)}, not {', '.join(unknown)}")
-    return names
-
-
-def _whole(text: str) -> int:
+def whole_number(text: str) -> int:
     """A whole number of at least 1."""
     try:
         value = int(text)
@@ -48,12 +38,12 @@ def _whole(text: str) -> int:
     return value
 
 
-def _numbers(text: str) -> list[int]:
+def whole_numbers(text: str) -> list[int]:
     """Comma-separated whole numbers of at least 1, e.g. 500,2000,10000."""
-    return [_whole(part) for part in text.split(",")]
+    return [whole_number(part) for part in text.split(",")]
 
 
-def _positive(text: str) -> float:
+def positive_number(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -66,46 +56,49 @@ def _positive(text: str) -> float:
 #: The modules each optional-dependency group (pyproject.toml's extras) brings, and the commands that need it.
 _REPORT_MODULES = ("duckdb", "duckdb_extension_tpch", "duckdb_extension_tpcds", "sqlglot", "jinja2")
 EXTRA_MODULES = {"report": _REPORT_MODULES, "bench": (*_REPORT_MODULES, "matplotlib")}
-COMMAND_EXTRA = {"tpch-report": "report", "plan-diff": "report", "demo": "report", "bench": "bench",
-                 "bench-memory": "bench", "bench-streaming": "bench", "bench-probe-order": "bench",
-                 "bench-static": "bench"}
+COMMAND_EXTRA = {"tpch-report": "report", "plan-diff": "report", "demo": "report"}
 
 
-def _check_extra(command: str) -> None:
+def check_extra(command: str, extra: str | None = None) -> None:
     """Fails with the install command when ``command``'s extra is not installed (before Spark starts)."""
-    extra = COMMAND_EXTRA.get(command)
+    extra = extra or COMMAND_EXTRA.get(command)
     missing = [m for m in EXTRA_MODULES.get(extra, ()) if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"this command needs {', '.join(missing)}, from the {extra!r} extra: "
                         f"pip install 'umjoin-spark[{extra}]'")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="umjoin", description="UMJoin for Spark: multi-way joins on Spark.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # Every command that generates TPC-H or TPC-DS data takes --data-dir.
+def data_dir_parser() -> argparse.ArgumentParser:
+    """The --data-dir option every command that generates TPC-H or TPC-DS data takes."""
     data = argparse.ArgumentParser(add_help=False)
     data.add_argument("--data-dir", type=Path, metavar="DIR",
                       help=f"where generated data is kept (default ${DATA_DIR_ENV}, else ~/.cache/umjoin)")
+    return data
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="umjoin", description="UMJoin for Spark: multi-way joins on Spark.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data = data_dir_parser()
 
     commands.add_parser("jar", help="print the path of the UMJoin jar (for spark-submit --jars)")
 
     report = commands.add_parser("tpch-report", parents=[data],
                                  help="TPC-H conversion report: groups expected and found, answers, times")
-    report.add_argument("--sf", type=_positive, default=0.1, help="TPC-H scale factor (default 0.1)")
+    report.add_argument("--sf", type=positive_number, default=0.1, help="TPC-H scale factor (default 0.1)")
     report.add_argument("--out", type=Path, help="output directory (default reports/tpch, with --streaming reports/tpch-streaming)")
-    report.add_argument("--queries", type=_query_numbers, help="e.g. 3,5,9 (default all; with --streaming the paper's 11)")
+    report.add_argument("--queries", type=query_numbers, help="e.g. 3,5,9 (default all; with --streaming the paper's 11)")
     report.add_argument("--repetitions", type=int, default=3, help="timed runs per query and setting (default 3)")
     report.add_argument("--streaming", action="store_true",
                         help="the join blocks of the paper's queries as streams, UMJoin vs Spark's stream-stream joins "
                              "(writes streaming.html, streaming.md, streaming.json)")
-    report.add_argument("--micro-batches", type=_whole, help="with --streaming: micro-batches each table is read in (default 5)")
+    report.add_argument("--micro-batches", type=whole_number, help="with --streaming: micro-batches each table is read in (default 5)")
 
     diff = commands.add_parser("plan-diff", parents=[data], help="a query's plans with UMJoin off and on, converted groups highlighted")
     diff.add_argument("query", nargs="?", help="SQL text or a .sql file")
     diff.add_argument("--tpch", type=int, metavar="N", choices=tpch.QUERY_NUMBERS, help="TPC-H query N instead of QUERY")
     diff.add_argument("--data", type=Path, metavar="DIR", help="directory of Parquet tables, each a view named by its file")
-    diff.add_argument("--tpch-sf", type=_positive, metavar="X", help="TPC-H data at scale factor X (generated once)")
+    diff.add_argument("--tpch-sf", type=positive_number, metavar="X", help="TPC-H data at scale factor X (generated once)")
     diff.add_argument("--dialect", metavar="NAME", help="the query's SQL dialect (sqlglot name, e.g. postgres); transpiled to Spark SQL")
     diff.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
     diff.add_argument("--layout", choices=("side-by-side", "unified"), default="side-by-side", help="text layout")
@@ -115,45 +108,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", parents=[data], help="one TPC-H query with UMJoin off and on: plans and answers")
     demo.add_argument("--query", type=int, default=5, choices=tpch.QUERY_NUMBERS, help="TPC-H query (default 5)")
-    demo.add_argument("--sf", type=_positive, default=0.01, help="TPC-H scale factor (default 0.01)")
+    demo.add_argument("--sf", type=positive_number, default=0.01, help="TPC-H scale factor (default 0.01)")
 
-    bench = commands.add_parser("bench", parents=[data], help="time the TPC-H queries with UMJoin off and on")
-    bench.add_argument("--sf", type=_positive, default=1.0, help="TPC-H scale factor (default 1)")
-    bench.add_argument("--repetitions", type=int, default=3, help="measured runs per query and setting (default 3)")
-    bench.add_argument("--queries", type=_query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
-    bench.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-    bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
-    bench.add_argument("--thresholds", type=_thresholds, default=None,
-                       help="broadcast thresholds measured, comma-separated: default (Spark's) and 1MB (when omitted: default,1MB)")
-
-    memory = commands.add_parser("bench-memory", parents=[data], help="the paper's memory experiment: TPC-DS 4-way join, backends, memory sweeps")
-    memory.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
-    memory.add_argument("--repetitions", type=int, default=2, help="measured runs per setting (default 2)")
-    memory.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-
-    streaming = commands.add_parser("bench-streaming", parents=[data], help="joins as streams, UMJoin vs Spark's stream-stream joins: "
-                                    "the 4-way TPC-DS join and TPC-H join blocks")
-    streaming.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS and TPC-H scale factor (default 1)")
-    streaming.add_argument("--batches", type=_whole, default=20, help="micro-batches the streams are cut into (default 20)")
-    streaming.add_argument("--workload", choices=("all", "tpcds", "tpch"), default="all",
-                           help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
-    streaming.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-
-    static = commands.add_parser("bench-static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "
-                                 "and nation as static tables, Spark vs UMJoin's stored table with each cache mode, Zipf skew 0, 0.5, 1")
-    static.add_argument("--sf", type=_positive, default=1.0, help="TPC-H scale factor (default 1)")
-    static.add_argument("--batches", type=_whole, default=20, help="micro-batches the orders are cut into (default 20)")
-    static.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-
-    order = commands.add_parser("bench-probe-order", parents=[data], help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
-    order.add_argument("--sf", type=_positive, default=1.0, help="TPC-DS scale factor (default 1)")
-    order.add_argument("--backend", choices=("memory", "rocksdb"), default="memory", help="the stores (default memory)")
-    order.add_argument("--cycle-rows", type=_whole, default=2000, help="T: arrivals per statistics cycle (default 2000)")
-    order.add_argument("--history", type=_whole, default=20, help="L: cycles the forecast reads (default 20)")
-    order.add_argument("--periods", type=_numbers, default=[500, 2000, 10000, 50000], help="T values swept")
-    order.add_argument("--histories", type=_numbers, default=[1, 5, 20, 100], help="L values swept")
-    order.add_argument("--repetitions", type=_whole, default=1, help="replays per cell; the median is reported (default 1)")
-    order.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     return parser
 
 
@@ -162,9 +118,9 @@ def _run(args: argparse.Namespace) -> int:
         print(jar_path())
         return 0
     # Spark starts only once the arguments are known to be valid and the command's extra is installed.
-    _check_extra(args.command)
+    check_extra(args.command)
     if args.data_dir is not None:
-        os.environ[DATA_DIR_ENV] = str(args.data_dir.resolve())  # also for the benchmarks' worker processes
+        os.environ[DATA_DIR_ENV] = str(args.data_dir.resolve())
     from umjoin.local import local_builder
 
     if args.command == "plan-diff":
@@ -220,35 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         spark = local_builder("umjoin-demo").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return 0 if run_demo(spark, args.query, args.sf) else 1
-    if args.command == "bench-streaming":
-        from umjoin.bench_streaming import WORKLOADS, run_streaming_bench
-
-        run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,))
-        return 0
-    if args.command == "bench-static":
-        from umjoin.bench_static import run_static_bench
-
-        run_static_bench(args.sf, args.batches, args.out)
-        return 0
-    if args.command == "bench-probe-order":
-        from umjoin.bench_probe_order import run_probe_order_bench
-
-        spark = local_builder("umjoin-bench-probe-order", shuffle_partitions=2, driver_memory="6g").getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        run_probe_order_bench(spark, args.sf, args.out, args.backend, args.cycle_rows, args.history, args.periods,
-                              args.histories, args.repetitions)
-        return 0
-    if args.command == "bench-memory":
-        from umjoin.bench_memory import run_memory_bench
-
-        run_memory_bench(args.sf, args.out, args.repetitions)
-        return 0
-    from umjoin.bench import run_bench
-
-    spark = local_builder("umjoin-bench", shuffle_partitions=8, driver_memory=args.driver_memory).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    run_bench(spark, args.sf, args.repetitions, args.out, args.queries, args.thresholds)
-    return 0
+    raise AssertionError(f"unknown command {args.command}")  # argparse accepts only the commands above
 
 
 def main(argv: list[str] | None = None) -> int:

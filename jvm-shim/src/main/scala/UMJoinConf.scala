@@ -1,12 +1,13 @@
 package umjoin.spark
 
 import java.io.File
+import java.util.Locale
 
 import org.apache.spark.network.util.JavaUtils
 import org.apache.spark.sql.internal.SQLConf
 
-import umjoin.spark.order.{ProbeOrderPolicy, ProbeOrderSettings, Smoothing}
-import umjoin.spark.state.{RocksDBSettings, StateBackend, StaticCacheMode, StaticCacheSettings, StoreSettings}
+import umjoin.spark.core.cost.{ProbeOrderPolicy, ProbeOrderSettings, Smoothing, StaticCacheMode, StaticCacheSettings}
+import umjoin.spark.core.store.{RocksDBSettings, StateBackend, StoreSettings}
 
 /**
  * The session settings under `spark.umjoin.*`, parsed and checked. They are read at every
@@ -23,120 +24,180 @@ final case class UMJoinConf(
     staticCache: StaticCacheSettings,
     probeOrder: ProbeOrderSettings)
 
+/**
+ * One `spark.umjoin.*` setting, declared once: its key, its default as the text `spark.conf.set`
+ * would take (None: unset), what it accepts (the words of the error message), what it does (the
+ * README's configuration table is rendered from these, see [[UMJoinConf.markdownTable]]), and
+ * whether it is static (read once, when the session starts).
+ */
+final case class Setting[T](
+    key: String,
+    default: Option[String],
+    accepts: String,
+    doc: String,
+    parse: String => Option[T],
+    static: Boolean = false) {
+
+  /** The value in `conf`, or the default; None when neither is set. */
+  def read(conf: String => Option[String]): Option[T] =
+    conf(key).orElse(default).map(value => parse(value).getOrElse(throw new IllegalArgumentException(
+      s"Invalid value '$value' for $key: expected $accepts. " +
+        s"Fix it with spark.conf.set(\"$key\", ...) or remove the setting to use the default.")))
+
+  def apply(conf: String => Option[String]): T =
+    read(conf).getOrElse(throw new IllegalStateException(s"$key has no default; read it with `read`"))
+}
+
+object Setting {
+  def boolean(key: String, default: Boolean, doc: String): Setting[Boolean] =
+    Setting(key, Some(default.toString), "true or false", doc, _.trim.toLowerCase(Locale.ROOT).toBooleanOption)
+
+  def int(key: String, default: Int, min: Int, doc: String): Setting[Int] =
+    Setting(key, Some(default.toString), s"an integer >= $min", doc, _.trim.toIntOption.filter(_ >= min))
+
+  def number(key: String, default: Double, min: Double, max: Double, doc: String): Setting[Double] =
+    Setting(key, Some(default.toString),
+      if (max == Double.MaxValue) s"a number >= $min" else s"a number from $min to $max", doc,
+      _.trim.toDoubleOption.filter(v => v >= min && v <= max))
+
+  def size(key: String, default: Option[String], min: Long, doc: String): Setting[Long] =
+    Setting(key, default, s"a size such as 64k, 8m or 1g, at least $min bytes", doc, value =>
+      (try Some(JavaUtils.byteStringAsBytes(value.trim)) catch { case _: NumberFormatException => None }).filter(_ >= min))
+
+  def duration(key: String, default: Option[String], doc: String): Setting[Long] =
+    Setting(key, default, "a positive duration such as 30s, 10m or 2h", doc, value =>
+      (try Some(JavaUtils.timeStringAsMs(value.trim)) catch { case _: NumberFormatException => None }).filter(_ > 0))
+
+  /** One of `byName`'s keys, case-sensitive where `caseSensitive` (the policies' camel-case names). */
+  def choice[T](key: String, default: String, byName: Map[String, T], doc: String, caseSensitive: Boolean = false): Setting[T] =
+    Setting(key, Some(default), byName.keys.toSeq.sorted.mkString(" or "), doc, value => {
+      val name = value.trim
+      byName.get(if (caseSensitive) name else name.toLowerCase(Locale.ROOT))
+    })
+}
+
 object UMJoinConf {
-  val Enabled = "spark.umjoin.enabled"
-  val MinInputs = "spark.umjoin.minInputs"
-  val StateBackendKey = "spark.umjoin.stateBackend"
-  val WriteBufferSize = "spark.umjoin.rocksdb.writeBufferSize"
-  val BlockCacheSize = "spark.umjoin.rocksdb.blockCacheSize"
-  val BloomFilterBitsPerKey = "spark.umjoin.rocksdb.bloomFilterBitsPerKey"
-  val LocalDir = "spark.umjoin.rocksdb.localDir"
-  val MaxStoreMemory = "spark.umjoin.auto.maxStoreMemory"
-  val StateTtl = "spark.umjoin.stateTtl"
-  val StateCacheRows = "spark.umjoin.stateCacheRows"
-  val StaticTables = "spark.umjoin.staticTables"
-  val StaticCache = "spark.umjoin.staticCache"
-  val StaticCacheMaxBytes = "spark.umjoin.staticCache.maxBytes"
-  val StaticCacheHysteresis = "spark.umjoin.staticCache.hysteresis"
-  val ProbeOrderKey = "spark.umjoin.probeOrder"
-  val CycleRows = "spark.umjoin.dpPick.cycleRows"
-  val Period = "spark.umjoin.dpPick.period"
-  val History = "spark.umjoin.dpPick.history"
-  val SmoothingKey = "spark.umjoin.dpPick.smoothing"
-  val Alpha = "spark.umjoin.dpPick.alpha"
-  val Beta = "spark.umjoin.dpPick.beta"
-  val Damping = "spark.umjoin.dpPick.damping"
-  val QueryCost = "spark.umjoin.dpPick.queryCost"
-  val MatchCost = "spark.umjoin.dpPick.matchCost"
-  /** Static (read when the session starts): a directory of member-pattern files replacing the built-in rules. */
-  val RulesDir = "spark.umjoin.rulesDir"
+  val Enabled: Setting[Boolean] = Setting.boolean("spark.umjoin.enabled", default = true,
+    "convert join trees into UMJoin nodes in this session")
+  val MinInputs: Setting[Int] = Setting.int("spark.umjoin.minInputs", default = 3, min = 2,
+    "smallest group converted (a 2-input group is a plain hash join)")
+  val RulesDir: Setting[String] = Setting("spark.umjoin.rulesDir", None, "a directory", static = true,
+    doc = "a directory holding `batch.yaml` and `streaming.yaml` that replace the built-in member patterns " +
+      "(default: the rules built into the jar)",
+    parse = value => Some(value))
+  val StateBackendSetting: Setting[StateBackend] = Setting.choice("spark.umjoin.stateBackend", "auto", StateBackend.byName,
+    "where the stores a UMJoin task builds live: `memory` (Spark's memory-managed hash map; a store that does not " +
+      "fit fails the task, as Spark's hash joins do), `rocksdb` (an LSM-tree on local disk), `auto` (in memory, " +
+      "moved to RocksDB when Spark's memory manager refuses more)")
+  val MaxStoreMemory: Setting[Long] = Setting.size("spark.umjoin.auto.maxStoreMemory", None, min = 0,
+    "with `auto`, a store also moves to RocksDB once its in-memory size passes this (e.g. `64m`), leaving memory " +
+      "to the operators above (default: only when Spark's memory manager refuses memory)")
+  val WriteBufferSize: Setting[Long] = Setting.size("spark.umjoin.rocksdb.writeBufferSize", Some("8m"), min = 64L * 1024,
+    "one memtable (skip list) per store; a store has at most two, the active one and one being flushed to disk")
+  val BlockCacheSize: Setting[Long] = Setting.size("spark.umjoin.rocksdb.blockCacheSize", Some("8m"), min = 0,
+    "per store, the LRU cache of SST blocks read from disk (`0`: none)")
+  val BloomFilterBitsPerKey: Setting[Int] = Setting.int("spark.umjoin.rocksdb.bloomFilterBitsPerKey", default = 10, min = 0,
+    "bloom filter bits per key in SST files (`0`: no filter)")
+  val LocalDir: Setting[String] = Setting("spark.umjoin.rocksdb.localDir", None, "a directory UMJoin can create or write to",
+    "stores are created under `<dir>/umjoin-stores/` and deleted when their task ends, fails or is killed " +
+      "(default: Spark's first local directory)",
+    parse = writableDirectory)
+  val ProbeOrderSetting: Setting[ProbeOrderPolicy] = Setting.choice("spark.umjoin.probeOrder", "fixed", ProbeOrderPolicy.byName,
+    "the order a row probes the other inputs' stores in (see [Probe order](docs/design.md#probe-order)): `fixed` " +
+      "(the plan's order), `selectivityFirst` (the store returning the fewest rows per probe next, as MJoin), " +
+      "`greedy` (the cheapest next step, as MultiStream), `dpPick` (the whole sequence of least expected cost, paper 001)",
+    caseSensitive = true)
+  val CycleRows: Setting[Int] = Setting.int("spark.umjoin.dpPick.cycleRows", default = 10000, min = 1,
+    "batch: an adaptive policy chooses again after this many streamed rows of a task")
+  val Period: Setting[Long] = Setting.duration("spark.umjoin.dpPick.period", Some("1s"),
+    "streaming: an adaptive policy chooses again between micro-batches once this much time passed since its last " +
+      "choice (the paper's T)")
+  val History: Setting[Int] = Setting.int("spark.umjoin.dpPick.history", default = 20, min = 1,
+    "cycles of statistics the forecast looks at (the paper's L)")
+  val SmoothingSetting: Setting[Boolean] = Setting.boolean("spark.umjoin.dpPick.smoothing", default = true,
+    "forecast the next cycle's statistics by double exponential smoothing; `false`: use the last cycle's")
+  val Alpha: Setting[Double] = Setting.number("spark.umjoin.dpPick.alpha", 0.5, 0.0, 1.0,
+    "smoothing factor of the level")
+  val Beta: Setting[Double] = Setting.number("spark.umjoin.dpPick.beta", 0.3, 0.0, 1.0,
+    "smoothing factor of the trend")
+  val Damping: Setting[Double] = Setting.number("spark.umjoin.dpPick.damping", 0.9, 0.0, 1.0,
+    "damping of the match rate's trend")
+  val QueryCost: Setting[Double] = Setting.number("spark.umjoin.dpPick.queryCost", 1.0, 0.0, Double.MaxValue,
+    "cost coefficient alpha_q of Eq. 8, per store lookup (times f(keys)); `0` drops that term")
+  val MatchCost: Setting[Double] = Setting.number("spark.umjoin.dpPick.matchCost", 1.0, 0.0, Double.MaxValue,
+    "cost coefficient alpha_m of Eq. 8, per matched row; `0` drops that term")
+  val StateCacheRows: Setting[Int] = Setting.int("spark.umjoin.stateCacheRows", default = 100000, min = 0,
+    "streaming: where a task's partition of a stream's stored rows holds at most this many (as committed by the " +
+      "previous micro-batch on the same executor), the task reads them into memory once and probes them there " +
+      "instead of the state store (`0`: never). Most probes of a multi-way join find nothing, and a hash lookup " +
+      "costs far less than a seek in RocksDB")
+  val StaticTables: Setting[Boolean] = Setting.choice("spark.umjoin.staticTables", "store", Map("store" -> true, "reread" -> false),
+    "streaming: a static table too big to broadcast, read from files, is `store`d in the StreamingUMJoin's state " +
+      "(loaded when the query starts and when the table changes; see [Static tables](docs/streaming.md#static-tables-in-a-streaming-join)) " +
+      "or `reread` every micro-batch as Spark's stream-static join reads it (then one stream with static tables " +
+      "stays as Spark planned it). A checkpoint keeps the choice it was started with. Storing saves reading the " +
+      "table every batch and costs a state-store lookup per probe: it pays where the table is large next to the " +
+      "micro-batches (measured: `make bench-static`)").copy(accepts = "store or reread")
+  val StaticCache: Setting[StaticCacheMode] = Setting.choice("spark.umjoin.staticCache", "ssbj", StaticCacheMode.byName,
+    "streaming: what each executor keeps in memory of a stored static table: `ssbj` the rows of the keys paper " +
+      "003's cache inequality chooses from the probes of earlier micro-batches, `all` every row of the partition " +
+      "(when it fits `maxBytes`; else none), `off` none (every probe reads the store)")
+  val StaticCacheMaxBytes: Setting[Long] = Setting.size("spark.umjoin.staticCache.maxBytes", Some("16m"), min = 0,
+    "memory of one partition's cache of one static table (so an executor may hold this times the partitions it " +
+      "runs, per table); keys are admitted most disk bytes saved per cached byte first while they fit")
+  val StaticCacheHysteresis: Setting[Double] = Setting.number("spark.umjoin.staticCache.hysteresis", 1.0, 1.0, Double.MaxValue,
+    "the paper's s_f: a key enters the cache when n*v_S > s_f*m*v_R and leaves when m*v_R >= s_f*n*v_S, so keys " +
+      "near the balance do not move back and forth")
+  val StateTtl: Setting[Long] = Setting.duration("spark.umjoin.stateTtl", None,
+    "streaming: a stored row is removed once it was stored longer ago than this (e.g. `2h`), before a batch " +
+      "probes. Bounds state for streams without watermarks; **changes results**, as Flink's state TTL does " +
+      "(default: kept until watermarks evict it)")
+
+  /** Every setting, in the order the README's table lists them. */
+  val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory, WriteBufferSize,
+    BlockCacheSize, BloomFilterBitsPerKey, LocalDir, ProbeOrderSetting, CycleRows, Period, History, SmoothingSetting,
+    Alpha, Beta, Damping, QueryCost, MatchCost, StateCacheRows, StaticTables, StaticCache, StaticCacheMaxBytes,
+    StaticCacheHysteresis, StateTtl)
 
   def from(conf: SQLConf): UMJoinConf = {
-    val backend = conf.getConfString(StateBackendKey, "auto").trim.toLowerCase(java.util.Locale.ROOT)
-    val stores = StoreSettings(
-      StateBackend.byName.getOrElse(backend,
-        throw invalid(StateBackendKey, backend, StateBackend.byName.keys.toSeq.sorted.mkString(" or "))),
-      RocksDBSettings(
-        writeBufferSize = parseSize(WriteBufferSize, conf.getConfString(WriteBufferSize, "8m"), min = 64L * 1024),
-        blockCacheSize = parseSize(BlockCacheSize, conf.getConfString(BlockCacheSize, "8m"), min = 0),
-        bloomFilterBitsPerKey = parseInt(BloomFilterBitsPerKey, conf.getConfString(BloomFilterBitsPerKey, "10"), min = 0),
-        localDir = Option(conf.getConfString(LocalDir, null)).map(checkedDirectory)),
-      maxStoreMemory = Option(conf.getConfString(MaxStoreMemory, null)).map(parseSize(MaxStoreMemory, _, min = 0)))
+    val get: String => Option[String] = key => Option(conf.getConfString(key, null))
     UMJoinConf(
-      enabled = parseBoolean(Enabled, conf.getConfString(Enabled, "true")),
-      minInputs = parseInt(MinInputs, conf.getConfString(MinInputs, "3"), min = 2),
-      stores = stores,
-      stateTtlMs = Option(conf.getConfString(StateTtl, null)).map(parseDuration(StateTtl, _)),
-      stateCacheRows = parseInt(StateCacheRows, conf.getConfString(StateCacheRows, "100000"), min = 0).toLong,
-      storeStaticTables = conf.getConfString(StaticTables, "store").trim.toLowerCase(java.util.Locale.ROOT) match {
-        case "store" => true
-        case "reread" => false
-        case other => throw invalid(StaticTables, other, "store or reread")
-      },
-      staticCache = staticCacheSettings(conf),
-      probeOrder = probeOrderSettings(conf))
+      enabled = Enabled(get),
+      minInputs = MinInputs(get),
+      stores = StoreSettings(
+        StateBackendSetting(get),
+        RocksDBSettings(WriteBufferSize(get), BlockCacheSize(get), BloomFilterBitsPerKey(get), LocalDir.read(get)),
+        maxStoreMemory = MaxStoreMemory.read(get)),
+      stateTtlMs = StateTtl.read(get),
+      stateCacheRows = StateCacheRows(get).toLong,
+      storeStaticTables = StaticTables(get),
+      staticCache = StaticCacheSettings(StaticCache(get), StaticCacheMaxBytes(get), StaticCacheHysteresis(get)),
+      probeOrder = ProbeOrderSettings(
+        policy = ProbeOrderSetting(get),
+        cycleRows = CycleRows(get).toLong,
+        periodMs = Period(get),
+        history = History(get),
+        smoothing = Option.when(SmoothingSetting(get))(Smoothing(Alpha(get), Beta(get), Damping(get))),
+        alphaQuery = QueryCost(get),
+        alphaMatch = MatchCost(get)))
   }
 
-  private def staticCacheSettings(conf: SQLConf): StaticCacheSettings = {
-    val mode = conf.getConfString(StaticCache, "ssbj").trim.toLowerCase(java.util.Locale.ROOT)
-    StaticCacheSettings(
-      StaticCacheMode.byName.getOrElse(mode, throw invalid(StaticCache, mode, StaticCacheMode.byName.keys.toSeq.sorted.mkString(" or "))),
-      maxBytes = parseSize(StaticCacheMaxBytes, conf.getConfString(StaticCacheMaxBytes, "16m"), min = 0),
-      hysteresis = parseDouble(StaticCacheHysteresis, conf.getConfString(StaticCacheHysteresis, "1.0"), 1.0, Double.MaxValue))
+  /** The README's configuration table (`make readme-settings` writes it there; a test checks it is current). */
+  def markdownTable: String = {
+    def cell(text: String): String = text.replace("|", "\\|")
+    val rows = all.map { s =>
+      val what = (if (s.static) "*static* (read when the session starts): " else "") + s.doc
+      s"| `${s.key}` | ${s.default.fold("none")(d => s"`$d`")} | ${cell(s.accepts)} | ${cell(what)} |"
+    }
+    ("| setting | default | accepts | meaning |" +: "|---|---|---|---|" +: rows).mkString("\n")
   }
 
-  private def probeOrderSettings(conf: SQLConf): ProbeOrderSettings = {
-    val name = conf.getConfString(ProbeOrderKey, "fixed").trim
-    val policy = ProbeOrderPolicy.byName.getOrElse(name,
-      throw invalid(ProbeOrderKey, name, ProbeOrderPolicy.byName.keys.toSeq.sorted.mkString(" or ")))
-    def fraction(key: String, default: String): Double = parseDouble(key, conf.getConfString(key, default), 0.0, 1.0)
-    ProbeOrderSettings(
-      policy = policy,
-      cycleRows = parseInt(CycleRows, conf.getConfString(CycleRows, "10000"), min = 1).toLong,
-      periodMs = parseDuration(Period, conf.getConfString(Period, "1s")),
-      history = parseInt(History, conf.getConfString(History, "20"), min = 1),
-      smoothing = Option.when(parseBoolean(SmoothingKey, conf.getConfString(SmoothingKey, "true")))(
-        Smoothing(fraction(Alpha, "0.5"), fraction(Beta, "0.3"), fraction(Damping, "0.9"))),
-      alphaQuery = parseDouble(QueryCost, conf.getConfString(QueryCost, "1.0"), 0.0, Double.MaxValue),
-      alphaMatch = parseDouble(MatchCost, conf.getConfString(MatchCost, "1.0"), 0.0, Double.MaxValue))
-  }
+  /** Prints [[markdownTable]]: `java -cp <jar>:<Spark's jars> umjoin.spark.UMJoinConf`. */
+  def main(args: Array[String]): Unit = println(markdownTable)
 
-  private def parseDouble(key: String, value: String, min: Double, max: Double): Double =
-    value.trim.toDoubleOption.filter(v => v >= min && v <= max)
-      .getOrElse(throw invalid(key, value, if (max == Double.MaxValue) s"a number >= $min" else s"a number from $min to $max"))
-
-  private def parseSize(key: String, value: String, min: Long): Long = {
-    val bytes = try Some(JavaUtils.byteStringAsBytes(value.trim)) catch { case _: NumberFormatException => None }
-    bytes.filter(_ >= min).getOrElse(throw invalid(key, value, s"a size such as 64k, 8m or 1g, at least $min bytes"))
-  }
-
-  private def parseDuration(key: String, value: String): Long = {
-    val ms = try Some(JavaUtils.timeStringAsMs(value.trim)) catch { case _: NumberFormatException => None }
-    ms.filter(_ > 0).getOrElse(throw invalid(key, value, "a positive duration such as 30s, 10m or 2h"))
-  }
-
-  private def checkedDirectory(path: String): String = {
+  private def writableDirectory(path: String): Option[String] = {
     val dir = new File(path)
     if (!dir.isDirectory) dir.mkdirs()
-    if (!dir.isDirectory || !dir.canWrite) throw invalid(LocalDir, path, "a directory UMJoin can create or write to")
-    path
+    Option.when(dir.isDirectory && dir.canWrite)(path)
   }
-
-  private def parseBoolean(key: String, value: String): Boolean =
-    value.trim.toLowerCase(java.util.Locale.ROOT) match {
-      case "true" => true
-      case "false" => false
-      case _ => throw invalid(key, value, "true or false")
-    }
-
-  private def parseInt(key: String, value: String, min: Int): Int =
-    value.trim.toIntOption match {
-      case Some(n) if n >= min => n
-      case _ => throw invalid(key, value, s"an integer >= $min")
-    }
-
-  private def invalid(key: String, value: String, expected: String) =
-    new IllegalArgumentException(
-      s"Invalid value '$value' for $key: expected $expected. " +
-        s"Fix it with spark.conf.set(\"$key\", ...) or remove the setting to use the default.")
 }

@@ -6,8 +6,9 @@ import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
-import umjoin.spark.planning.{BatchUMJoinStrategy, LogicalPatterns, PhysicalPatterns, StreamingUMJoinRule}
-import umjoin.spark.tsc.MemberPatterns
+import umjoin.spark.batch.BatchUMJoinStrategy
+import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, PhysicalPatterns}
+import umjoin.spark.streaming.StreamingUMJoinRule
 
 /**
  * Registers UMJoin with a Spark session: `spark.sql.extensions=umjoin.spark.UMJoinExtensions`
@@ -17,7 +18,7 @@ import umjoin.spark.tsc.MemberPatterns
  */
 class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
-    val rulesDir = Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir))
+    val rulesDir = Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir.key))
     val batchPatterns = UMJoinExtensions.loadBatchPatterns(rulesDir)
     val streamingPatterns = MemberPatterns.load("streaming", rulesDir, PhysicalPatterns.vocabulary)
     // Spark asks for the strategy at every planning call: keep construction cheap.

@@ -1,0 +1,22 @@
+"""The benchmarks, run from a clone (`make bench*` or `python -m bench <name>`); not part of the installed package.
+
+Benchmarks are not tests: each prints what it measured, side by side in one run, and writes it to
+bench/results/ (docs/benchmarks.md says what each measures and what it last measured).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+#: The tests' and benchmarks' JVM classes (`make testkit`): the cost models asked directly, the arrival replay.
+TESTKIT_JAR = Path(__file__).resolve().parent.parent / "build" / "umjoin-spark-testkit.jar"
+
+
+def with_testkit(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """Adds the testkit jar to a builder UMJoin is configured on (after :func:`umjoin.configure`)."""
+    if not TESTKIT_JAR.is_file():
+        raise FileNotFoundError(f"{TESTKIT_JAR} is missing: run `make testkit` (it compiles jvm-shim/src/test/scala)")
+    jars = [jar for jar in builder._options.get("spark.jars", "").split(",") if jar]
+    return builder.config("spark.jars", ",".join([*jars, str(TESTKIT_JAR)]))

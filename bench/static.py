@@ -1,0 +1,178 @@
+"""`python -m bench static` (make bench-static): paper 003's setting in Structured Streaming. Not a test:
+it prints and writes what it measured.
+
+A stream of TPC-H ``orders`` rows (in random order, cut into one file per micro-batch) joined with
+``customer`` and ``nation`` as static tables; each order's customer is drawn anew with Zipf skew
+0, 0.5 and 1 over the customers (ranked in a seeded random order), so a few customers get most
+orders under skew. The broadcast threshold is lowered so that ``nation`` is broadcast and
+``customer`` is not. Per skew, in one run: Spark's stream-static join (it reads and shuffles
+``customer`` every micro-batch) and UMJoin with ``spark.umjoin.staticCache`` = off, ssbj and all
+(``customer`` loaded once into RocksDB stores; probed through the cache). Each configuration runs in
+a JVM of its own; the figures are per batch and in total: time, cache hits and misses, cached keys
+and bytes, bytes read from RocksDB.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SKEWS", "run_static_bench"]
+
+SKEWS = (0.0, 0.5, 1.0)
+RUNS = [("spark", None), ("umjoin-off", "off"), ("umjoin-ssbj", "ssbj"), ("umjoin-all", "all")]
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+STATE_PARTITIONS = 4
+#: nation (about 2 kB) is broadcast, customer (about 12 MB of Parquet at SF 1) is not.
+BROADCAST_THRESHOLD = "1m"
+QUERY = """
+SELECT o_orderkey, o_totalprice, c_name, c_acctbal, n_name
+FROM orders o JOIN customer c ON o.o_custkey = c.c_custkey JOIN nation n ON c.c_nationkey = n.n_nationkey
+"""
+
+
+def skewed_orders(sf: float, batches: int, skew: float, seed: int = 42) -> Path:
+    """``orders`` with each o_custkey drawn with Zipf skew `skew` over the customers, cut into `batches` files."""
+    import duckdb
+
+    from umjoin import tpch
+    from umjoin.streams import split_into_batches
+
+    source = tpch.generate(sf)
+    target = source / f"static-bench-{batches}-zipf{skew:g}-seed{seed}"
+    if not (target / "_COMPLETE").exists():
+        con = duckdb.connect()
+        con.execute(f"SELECT setseed({1 / (seed + 1)})")
+        # Customers ranked in a random order; rank r has weight r^-skew; cum_before is the CDF below it.
+        con.execute(f"""CREATE TABLE cdf AS
+            WITH ranked AS (SELECT c_custkey, row_number() OVER (ORDER BY hash(c_custkey + {seed})) AS r FROM '{source / "customer.parquet"}'),
+                 weighted AS (SELECT c_custkey, r, pow(r, -{skew}) AS w FROM ranked)
+            SELECT c_custkey, (sum(w) OVER (ORDER BY r) - w) / sum(w) OVER () AS cum_before FROM weighted""")
+        con.execute(f"""CREATE TABLE drawn AS SELECT o.* REPLACE (c.c_custkey AS o_custkey)
+            FROM (SELECT *, random() AS u FROM '{source / "orders.parquet"}') o ASOF JOIN cdf c ON o.u >= c.cum_before""")
+        con.execute(f"COPY (SELECT * EXCLUDE (u) FROM drawn) TO '{target.parent / f'{target.name}.parquet'}' (FORMAT parquet)")
+        con.close()
+        split_into_batches(target.parent / f"{target.name}.parquet", target / "orders", batches, seed)
+        (target.parent / f"{target.name}.parquet").unlink()
+        (target / "_COMPLETE").write_text("ok\n")
+    return target
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One configuration's streaming run in this process's JVM."""
+    from umjoin import tpch
+    from umjoin.local import local_builder
+
+    spark = (local_builder("umjoin-bench-static", shuffle_partitions=STATE_PARTITIONS, driver_memory="4g")
+             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", BROADCAST_THRESHOLD)
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # a stream-static query converts only without AQE (README)
+    spark.conf.set("spark.umjoin.enabled", str(spec["cache"] is not None).lower())
+    if spec["cache"]:
+        spark.conf.set("spark.umjoin.staticCache", spec["cache"])
+    data = tpch.generate(spec["sf"])
+    for table in ("customer", "nation"):
+        spark.read.parquet(str(data / f"{table}.parquet")).createOrReplaceTempView(table)
+    orders = Path(spec["stream"]) / "orders"
+    schema = spark.read.parquet(str(next(orders.glob("*.parquet")))).schema
+    spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(orders)).createOrReplaceTempView("orders")
+    query = spark.sql(QUERY).writeStream.format("noop").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+    start = time.perf_counter()
+    query.awaitTermination()
+    seconds = time.perf_counter() - start
+    batches = []
+    for p in query.recentProgress:
+        umjoin = [op for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
+        custom = umjoin[0]["customMetrics"] if umjoin else {}
+
+        def metric(prefix: str) -> int:
+            return sum(v for k, v in custom.items() if k.startswith(prefix))
+        batches.append({
+            "batch": p["batchId"], "duration_ms": p["durationMs"].get("triggerExecution", 0), "input_rows": p["numInputRows"],
+            "output_rows": p["sink"].get("numOutputRows", -1), "hits": metric("staticCacheHitsInput"), "misses": metric("staticCacheMissesInput"),
+            "cached_keys": metric("staticCachedKeysInput"), "cached_bytes": metric("staticCachedBytesInput"),
+            "disk_bytes": metric("staticDiskBytesInput"), "loads": metric("staticLoadsInput"),
+            "rocksdb_bytes_read": custom.get("rocksdbTotalBytesReadThroughIterator", 0) + custom.get("rocksdbTotalBytesRead", 0),
+        })
+    executed = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
+    spark.stop()
+    return {"seconds": seconds, "batches": batches, "umjoin_in_plan": "StreamingUMJoin " in executed}
+
+
+def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        done = subprocess.run([sys.executable, "-m", "bench.static", json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
+        out.seek(0)
+        err.seek(0)
+        lines = [l for l in out.read().splitlines() if l.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"bench-static run {spec['name']} failed: " + " | ".join(err.read().strip().splitlines()[-3:]))
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    result = json.loads(lines[-1])
+    b = result["batches"]
+    probes = sum(x["hits"] + x["misses"] for x in b)
+    result.update({
+        "run": spec["name"], "output_rows": sum(x["output_rows"] for x in b),
+        "median_batch_ms": statistics.median(x["duration_ms"] for x in b) if b else None,
+        "hit_ratio": sum(x["hits"] for x in b) / probes if probes else None,
+        "cached_keys": b[-1]["cached_keys"] if b else 0, "cached_bytes": b[-1]["cached_bytes"] if b else 0,
+        "disk_bytes": b[-1]["disk_bytes"] if b else 0, "loads": sum(x["loads"] for x in b),
+        "rocksdb_bytes_read": sum(x["rocksdb_bytes_read"] for x in b),
+    })
+    print(f"zipf {spec['skew']:<3g} {spec['name']:>12}: {result['seconds']:.1f} s, output {result['output_rows']}, "
+          f"hit ratio {_pct(result['hit_ratio'])}, cached keys {result['cached_keys']}, cache {_mb(result['cached_bytes'])}, "
+          f"read from RocksDB {_mb(result['rocksdb_bytes_read'])}", flush=True)
+    return result
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f} MB"
+
+
+def run_static_bench(sf: float, batches: int, out: Path) -> Path:
+    """Runs every skew and configuration; writes static_sf<sf>.md and .json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    customers = 150_000 * sf
+    results = []
+    for skew in SKEWS:
+        stream = skewed_orders(sf, batches, skew)
+        runs = [_run({"name": name, "cache": cache, "skew": skew, "sf": sf, "stream": str(stream),
+                      "checkpoint": str(out / "static-checkpoints" / f"{name}-{skew:g}")}) for name, cache in RUNS]
+        results.append({"skew": skew, "runs": runs})
+    subprocess.run(["rm", "-rf", str(out / "static-checkpoints")], check=True)
+    stem = f"static_sf{sf:g}"
+    (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
+                                                  "broadcast_threshold": BROADCAST_THRESHOLD, "results": results}, indent=1) + "\n")
+    lines = [f"# Stream-static join: TPC-H orders as a stream, customer and nation static (SF {sf:g})", "",
+             f"`python -m bench static --sf {sf:g} --batches {batches}`: {batches} micro-batches of orders in random order, each order's customer "
+             f"drawn with Zipf skew; `nation` broadcast, `customer` not (`spark.sql.autoBroadcastJoinThreshold={BROADCAST_THRESHOLD}`, AQE off); "
+             f"RocksDB state store, {STATE_PARTITIONS} state partitions; one JVM per run. Time ratio: the run's total time / Spark's.", "",
+             "| Zipf | run | total s | / Spark | median batch ms | output rows | hit ratio | cached keys (% of customers) | cache memory | store on disk | read from RocksDB | loads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        spark_seconds = r["runs"][0]["seconds"]
+        for run in r["runs"]:
+            umjoin = run["run"] != "spark"
+            lines.append(f"| {r['skew']:g} | {run['run']} | {run['seconds']:.1f} | {run['seconds'] / spark_seconds:.2f} | {run['median_batch_ms']:.0f} | "
+                         f"{run['output_rows']} | {_pct(run['hit_ratio']) if umjoin else '-'} | "
+                         f"{run['cached_keys']} ({100 * run['cached_keys'] / customers:.1f} %) | {_mb(run['cached_bytes']) if umjoin else '-'} | "
+                         f"{_mb(run['disk_bytes']) if umjoin else '-'} | {_mb(run['rocksdb_bytes_read']) if umjoin else '-'} | {run['loads'] if umjoin else '-'} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print(f"written: {out / stem}.md (and .json)")
+    return out / f"{stem}.md"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_worker(json.loads(sys.argv[1]))))

@@ -1,0 +1,151 @@
+package umjoin.spark.batch
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.{Expression, IsNotNull, PredicateHelper}
+import org.apache.spark.sql.catalyst.optimizer.JoinSelectionHelper
+import org.apache.spark.sql.catalyst.plans.{Cross, Inner, LeftAnti, LeftOuter, LeftSemi, RightOuter}
+import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
+import org.apache.spark.sql.catalyst.plans.physical.BroadcastDistribution
+import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
+import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
+
+import umjoin.spark.UMJoinConf
+import umjoin.spark.core.{Cut, FilterJoin, GroupSplitting, JoinGraph, OuterJoin}
+import umjoin.spark.core.cost.ProbeOrderSettings
+import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, MultiJoinGroup, TwoStepConvert}
+
+/**
+ * The batch hook: a planner strategy over Spark's fully optimized logical plan (after join
+ * reordering). When the node being planned is the root of a TSC group that can run as one
+ * operator, it becomes a UMJoinExec whose inputs are planned later; planning those inputs reaches
+ * nested groups in turn, so Spark's planner performs TSC step 2's recursive replacement. Under AQE
+ * the re-optimized plan is planned by this same strategy.
+ */
+final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[LogicalPlan])
+  extends SparkStrategy with JoinSelectionHelper with PredicateHelper with Logging {
+
+  private val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf, LogicalPatterns.keptAsInput)
+
+  override def apply(plan: LogicalPlan): Seq[SparkPlan] = {
+    val conf = UMJoinConf.from(session.sessionState.conf)
+    plan match {
+      // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
+      case join: Join if conf.enabled && !join.isStreaming =>
+        GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle) match {
+          case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
+          case Left(reason) =>
+            logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
+            Nil
+        }
+      case _ => Nil
+    }
+  }
+
+  /** The plan this group runs with, or why it cannot run as one UMJoin. */
+  private def tryPlan(group: MultiJoinGroup[LogicalPlan]): Either[String, UMJoinPlan] = {
+    val inputs = group.inputs
+    def conditionOf(j: Join): Seq[Expression] = j.condition.toSeq.flatMap(splitConjunctivePredicates)
+    // A semi, anti or outer join's non-preserved side stays one input of the group (TSC keeps it out):
+    // the input a semi or anti join filters by, or an outer join pads with NULLs where nothing matches.
+    val filterJoins = group.members.collect {
+      case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti => FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, conditionOf(j))
+    }
+    val outerJoins = group.members.collect {
+      case j: Join if j.joinType == LeftOuter => OuterJoin(inputs.indexWhere(_ eq j.right), conditionOf(j))
+      case j: Join if j.joinType == RightOuter => OuterJoin(inputs.indexWhere(_ eq j.left), conditionOf(j))
+    }
+    val conjuncts = group.members.flatMap {
+      case j: Join if j.joinType == Inner || j.joinType == Cross => conditionOf(j)
+      case f: Filter => splitConjunctivePredicates(f.condition)
+      case _ => Nil
+    }
+    val sqlConf = session.sessionState.conf
+    for {
+      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output, filterJoins, outerJoins)
+      facts = inputs.map(i => InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
+      plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
+      plan <- plans.find(keepsExistingBroadcasts(inputs, _))
+        .toRight("an input broadcast earlier in this query was broadcast for a join Spark plans itself")
+    } yield plan
+  }
+
+  /**
+   * Probes that reduce a shuffle happen before it. When the group is co-partitioned and Spark's join
+   * tree joins one shuffled input with broadcast inputs only in a subtree, one of them filtered (a
+   * selective probe: TPC-H's `part` by type or name), the group is cut above the largest such
+   * subtree: those joins then run before the exchange, as in Spark's own plan, and only their
+   * smaller result is shuffled. Unfiltered broadcast inputs usually multiply rows, so with them the
+   * whole group stays one UMJoin and its inputs are shuffled as they are.
+   */
+  private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
+    def shuffled(i: Int): Boolean = plan.placements(i).isInstanceOf[InputPlacement.HashPartitioned]
+    def broadcast(i: Int): Boolean = plan.placements(i) == InputPlacement.Broadcast
+    def beforeShuffle(cut: Cut[LogicalPlan]): Boolean =
+      cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || broadcast(i)) &&
+        cut.inputsBelow.exists(i => broadcast(i) && isFiltered(group.inputs(i)))
+    if (group.inputs.indices.exists(shuffled)) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
+  }
+
+  /**
+   * An input's size as the choice of the streamed input needs it: Spark's estimate, except that a
+   * join below is taken to be no larger than its larger side. Without cost-based statistics Spark
+   * estimates an inner join as the product of its sides, which would stream a filtered customer
+   * and orders (TPC-H Q5) and store all of lineitem; the joins inputs are made of are mostly on keys.
+   */
+  private def sizeForStreaming(input: LogicalPlan): BigInt = input match {
+    case j: Join => sizeForStreaming(j.left).max(sizeForStreaming(j.right)).min(j.stats.sizeInBytes)
+    case p if p.children.size == 1 && p.exists(_.isInstanceOf[Join]) => sizeForStreaming(p.children.head).min(p.stats.sizeInBytes)
+    case p => p.stats.sizeInBytes
+  }
+
+  /** Whether the input keeps only some of its rows: a filter beyond `IS NOT NULL` (which Spark adds for join keys). */
+  private def isFiltered(input: LogicalPlan): Boolean = input.exists {
+    case Filter(condition, _) => splitConjunctivePredicates(condition).exists(!_.isInstanceOf[IsNotNull])
+    case stage: LogicalQueryStage => isFiltered(stage.logicalPlan)
+    case _ => false
+  }
+
+  private def isBroadcastStage(plan: LogicalPlan): Boolean = plan match {
+    case LogicalQueryStage(_, _: BroadcastQueryStageExec) => true
+    case _ => false
+  }
+
+  /**
+   * Under AQE, an input that is already a broadcast stage was broadcast for an earlier plan; the
+   * plan must read it the way it was broadcast: as a hash table on the same key (Spark's or a
+   * UMJoin's), or as rows.
+   */
+  private def keepsExistingBroadcasts(inputs: Seq[LogicalPlan], plan: UMJoinPlan): Boolean =
+    inputs.indices.forall { i =>
+      inputs(i) match {
+        case LogicalQueryStage(_, stage: BroadcastQueryStageExec) =>
+          plan.placements(i) == InputPlacement.Broadcast && stage.outputPartitioning.satisfies(
+            BroadcastDistribution(UMJoinExec.broadcastMode(plan.graph, plan.indexes(i), i, stage.output)))
+        case _ => true
+      }
+    }
+
+  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, probeOrder: ProbeOrderSettings): UMJoinExec = {
+    val graph = plan.graph
+    UMJoinExec(
+      output = group.root.output,
+      inputLabels = group.inputs.map(InputLabels.of),
+      classInputs = graph.classes.map(_.members.map(_._1)),
+      classKeys = graph.classes.map(_.members.map(_._2)),
+      residuals = graph.residuals.map(_.condition),
+      residualInputs = graph.residuals.map(_.inputs.toSeq.sorted),
+      filters = graph.filters,
+      outerJoins = graph.outer,
+      residualOuter = graph.residuals.map(_.outer),
+      indexes = plan.indexes,
+      route = plan.route,
+      probeOrder = probeOrder,
+      broadcast = plan.placements.map(_ == InputPlacement.Broadcast),
+      partitionKeys = plan.placements.map {
+        case InputPlacement.HashPartitioned(key) => Some(key)
+        case _ => None
+      },
+      children = group.inputs.map(planLater))
+  }
+}

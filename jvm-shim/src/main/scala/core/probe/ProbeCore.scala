@@ -1,0 +1,266 @@
+package umjoin.spark.core.probe
+
+import org.apache.spark.{TaskContext, TaskKilledException}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftOuter, LeftSemi}
+import org.apache.spark.sql.execution.metric.SQLMetric
+
+import umjoin.spark.core.cost.ProbeCounters
+import umjoin.spark.core.store.JoinStore
+
+/** Counters of one input, shown as SQL metrics of the UMJoin node (`nullPadded`: an outer join's non-preserved side's). */
+final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric,
+    nullPadded: Option[SQLMetric] = None)
+
+/**
+ * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
+ * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
+ * none), and `from`, the route's edge source the statistics are kept for. A LeftSemi or LeftAnti
+ * step only lets the combination go on (once) or not, binding nothing. A LeftOuter step binds each
+ * row satisfying `condition` (its ON clause), or `nullRow` when none does, and lets the combination
+ * go on where `post` holds (null: always); with `unmatched` (a streaming UMJoin's: a later row may
+ * still match), a combination none matches is handed to it instead of being padded (outer) or dropped (semi).
+ */
+final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
+    val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
+  val semi: Boolean = joinType == LeftSemi
+  val anti: Boolean = joinType == LeftAnti
+  val outer: Boolean = joinType == LeftOuter
+}
+
+/** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
+final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: BasePredicate, val output: UnsafeProjection)
+
+object CompiledRoute {
+
+  /**
+   * Compiles a route's steps within a task. `storeOf(input, index)` is the store probed through
+   * that index; `keyed` turns probe keys into the form the stores are keyed by.
+   */
+  def apply(
+      plan: RoutePlan,
+      outputs: Seq[Seq[Attribute]],
+      result: Seq[Attribute],
+      storeOf: (Int, StoreIndex) => JoinStore,
+      keyed: Seq[Expression] => Seq[Expression],
+      metrics: Seq[InputMetrics],
+      partition: Int): CompiledRoute =
+    segment(plan, 0, plan.steps.size, outputs, result, storeOf, keyed, metrics, partition)
+
+  /**
+   * Compiles steps [from, until) of a route: the rows it starts from are the route's first
+   * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
+   * first), and it puts out the `result` projection once the route is complete, else the rows
+   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, an
+   * outer or semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
+   */
+  def segment(
+      plan: RoutePlan,
+      from: Int,
+      until: Int,
+      outputs: Seq[Seq[Attribute]],
+      result: Seq[Attribute],
+      storeOf: (Int, StoreIndex) => JoinStore,
+      keyed: Seq[Expression] => Seq[Expression],
+      metrics: Seq[InputMetrics],
+      partition: Int,
+      unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None): CompiledRoute = {
+    val order = plan.route.order
+    val binds = plan.steps.map(_.input).zip(plan.steps.map(_.binds)).toMap.withDefaultValue(true)
+    // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
+    val prefixes = order.indices.map(p => order.take(p + 1).filter(binds).flatMap(outputs))
+    def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate = conditions.reduceOption(And).map { c =>
+      val p = Predicate.create(c, attrs)
+      p.initialize(partition)
+      p
+    }.orNull
+    val steps = (from until until).map { s =>
+      val step = plan.steps(s)
+      val attrs = prefixes(s) ++ outputs(step.input)
+      new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
+        predicate(step.conditions, attrs), metrics(step.input), step.joinType, predicate(step.postConditions, attrs),
+        new GenericInternalRow(outputs(step.input).size),
+        if (step.joinType == LeftOuter || step.joinType == LeftSemi) unmatched.map(_(prefixes(s))).orNull else null)
+    }.toArray
+    val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
+    val output = if (until == plan.steps.size) result else prefixes(until)
+    new CompiledRoute(steps, startCondition, UnsafeProjection.create(output, prefixes(until)))
+  }
+}
+
+/** Chooses the route again now and then, within a task (the adaptive probe-order policies in batch). */
+trait Rerouting {
+  /** Streamed rows between two choices. */
+  def cycleRows: Long
+  /** The route for the next cycle, if it changed. */
+  def next(): Option[CompiledRoute]
+}
+
+/**
+ * Iterative probing (paper 000, 3.1.1): each streamed row probes the stores in probe order; every
+ * match is joined to the rows bound so far and probes the next store; a probe without a match ends
+ * that branch at once (early termination). Emits the output of every complete combination, lazily.
+ * With `statistics`, every probe's outcome is counted (for the adaptive probe-order policies).
+ * With `rerouting`, the route may change every cycle, always between two streamed rows: a row's
+ * combinations all come from one route, and every route computes the same join. `streamedRows`
+ * counts the rows taken in (not where they are partial combinations from an earlier task),
+ * `numOutputRows` the rows put out (not where they are partial combinations going on elsewhere).
+ *
+ * The iterator `join` returns may be asked again after it ran dry: it goes on with whatever the
+ * streamed iterator has by then (a streaming task feeds it one partial combination at a time).
+ */
+final class ProbeCore(
+    initial: CompiledRoute,
+    streamedRows: Option[SQLMetric],
+    numOutputRows: Option[SQLMetric],
+    context: TaskContext,
+    statistics: Option[ProbeCounters] = None,
+    rerouting: Option[Rerouting] = None) {
+
+  def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
+    if (initial.steps.exists(s => s.store.isEmpty && !s.anti && !s.outer)) Iterator.empty else new Combinations(streamed)
+
+  private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
+    private var route = initial
+    private val depth = route.steps.length
+    // bound(k): the rows bound through step k, joined; bound(0) is the streamed row alone.
+    private val bound = new Array[InternalRow](depth + 1)
+    private val joined = Array.fill(depth)(new JoinedRow)
+    private val candidates = new Array[Iterator[InternalRow]](depth)
+    private val found = new Array[Long](depth)
+    // Per outer step: whether a stored row satisfied its ON clause for the current combination.
+    private val anyMatch = new Array[Boolean](depth)
+    // The step whose candidates are tried next; -1: take the next streamed row.
+    private var level = -1
+    private var ready = false
+    private var work = 0L
+    private var rowsInCycle = 0L
+    private val counters = statistics.orNull
+
+    override def hasNext: Boolean = ready || advance()
+
+    override def next(): InternalRow = {
+      if (!hasNext) throw new NoSuchElementException("no more UMJoin rows")
+      ready = false
+      numOutputRows.foreach(_ += 1)
+      route.output(bound(depth))
+    }
+
+    /** Finds the next complete combination; false when the streamed input is exhausted. */
+    private def advance(): Boolean = {
+      while (true) {
+        work += 1
+        if ((work & 0xfff) == 0 && context.isInterrupted()) throw new TaskKilledException("UMJoin task cancelled")
+        if (level < 0) {
+          if (!streamed.hasNext) return false
+          rerouting.foreach { r =>
+            rowsInCycle += 1
+            if (rowsInCycle > r.cycleRows) {
+              rowsInCycle = 1
+              r.next().foreach(route = _)
+            }
+          }
+          val row = streamed.next()
+          streamedRows.foreach(_ += 1)
+          if (route.streamedCondition == null || route.streamedCondition.eval(row)) {
+            bound(0) = row
+            if (depth == 0) { // no step to take here: the row itself is what comes out
+              ready = true
+              return true
+            }
+            probe(0)
+            level = 0
+          }
+        } else if (nextMatch(level)) {
+          if (level == depth - 1) {
+            ready = true
+            return true
+          }
+          level += 1
+          probe(level)
+        } else {
+          val step = route.steps(level)
+          if (found(level) == 0) step.metrics.earlyStops += 1
+          if (counters != null) counters.record(step.from, step.input, found(level))
+          level -= 1
+        }
+      }
+      false
+    }
+
+    /** Starts step k: probes its store with the key of the rows bound so far. */
+    private def probe(k: Int): Unit = {
+      val step = route.steps(k)
+      step.metrics.probes += 1
+      val key = step.probeKey(bound(k))
+      candidates(k) = if (key.anyNull) Iterator.empty else step.store.get(key)
+      found(k) = 0
+      anyMatch(k) = false
+    }
+
+    /**
+     * Binds the next stored row of step k that satisfies its conditions. A semi step goes on once
+     * at its first such row, an anti step once if there is none; neither binds a row. An outer step
+     * binds, once its rows ran out without one satisfying its ON clause, a row of NULLs.
+     */
+    private def nextMatch(k: Int): Boolean = {
+      val step = route.steps(k)
+      if (step.outer) {
+        while (candidates(k) != null && candidates(k).hasNext) {
+          val row = joined(k)(bound(k), candidates(k).next())
+          if (step.condition == null || step.condition.eval(row)) {
+            step.metrics.matches += 1
+            anyMatch(k) = true
+            if (step.post == null || step.post.eval(row)) {
+              found(k) += 1
+              bound(k + 1) = row
+              return true
+            }
+          }
+        }
+        if (candidates(k) == null || anyMatch(k)) return false
+        candidates(k) = null  // the NULL row is bound once
+        if (step.unmatched != null) {
+          step.unmatched(bound(k))
+          return false
+        }
+        step.metrics.nullPadded.foreach(_ += 1)
+        val row = joined(k)(bound(k), step.nullRow)
+        if (step.post == null || step.post.eval(row)) {
+          found(k) += 1
+          bound(k + 1) = row
+          return true
+        }
+        return false
+      }
+      if (step.semi || step.anti) {
+        if (candidates(k) == null) return false  // this combination went on already
+        var matched = false
+        while (!matched && candidates(k).hasNext) {
+          val row = joined(k)(bound(k), candidates(k).next())
+          matched = step.condition == null || step.condition.eval(row)
+        }
+        candidates(k) = null
+        if (matched) step.metrics.matches += 1
+        else if (step.unmatched != null) step.unmatched(bound(k))
+        val goesOn = matched == step.semi
+        if (goesOn) {
+          found(k) += 1
+          bound(k + 1) = bound(k)
+        }
+        return goesOn
+      }
+      while (candidates(k).hasNext) {
+        val row = joined(k)(bound(k), candidates(k).next())
+        if (step.condition == null || step.condition.eval(row)) {
+          step.metrics.matches += 1
+          found(k) += 1
+          bound(k + 1) = row
+          return true
+        }
+      }
+      false
+    }
+  }
+}

@@ -1,0 +1,109 @@
+package umjoin.spark.core.probe
+
+import scala.collection.mutable
+
+import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter}
+
+import umjoin.spark.core.{JoinGraph, ResidualCondition}
+import umjoin.spark.core.cost.{ProbeGraph, ProbeRoute}
+
+/**
+ * An index of a store: its key is the input's expression for each of `classes`, in this order. An
+ * index on several classes is a multi-column key, probed once all its classes are bound.
+ */
+final case class StoreIndex(classes: Seq[Int])
+
+object StoreIndex {
+  def single(keyClass: Int): StoreIndex = StoreIndex(Seq(keyClass))
+}
+
+/**
+ * One step of a probe route: `input`'s store is probed through `index` with `probeKeys` (its
+ * classes' values, from inputs bound earlier); `conditions` are checked once the stored row is
+ * bound. `from` is the route's edge source, which the statistics are kept for. `joinType` is Inner
+ * (each matching row is bound in turn), LeftSemi (the combination goes on once if a row matches,
+ * binding nothing), LeftAnti (it goes on if none does) or LeftOuter (each matching row is bound in
+ * turn, or a row of NULLs if none matches). For LeftOuter, `conditions` are its ON clause's, which
+ * decide what matches, and `postConditions` the others that become complete with this input,
+ * checked on the bound row, NULL-padded or not.
+ */
+final case class StepPlan(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
+    joinType: JoinType = Inner, postConditions: Seq[Expression] = Nil) {
+  def binds: Boolean = joinType == Inner || joinType == LeftOuter
+}
+
+/** A route turned into steps: the conditions on the start row alone, then one step per other input. */
+final case class RoutePlan(route: ProbeRoute, startConditions: Seq[Expression], steps: Seq[StepPlan])
+
+/**
+ * How a route runs over a join graph. Each step probes one index of the probed store whose classes
+ * are all bound: one through the route's edge where there is one, the widest such;
+ * every other equality the join requires (further classes already bound, further expressions of an
+ * input in a class) becomes a condition, with the residual conditions, checked as soon as the inputs
+ * it reads are bound. So any route over any indexes computes the same join.
+ */
+object ProbeSteps {
+
+  /** Pairs of inputs sharing a key class: the edges probe routes may take (none from a filter, which binds no key). */
+  def graph(joinGraph: JoinGraph): ProbeGraph = ProbeGraph(joinGraph.numInputs,
+    for (i <- joinGraph.joined; j <- 0 until joinGraph.numInputs
+         if i != j && joinGraph.classes.exists(c => c.inputs.contains(i) && c.inputs.contains(j))) yield (i, j))
+
+  /** The steps of `route`; `indexed(i)` are the indexes input i's store can be probed through. */
+  def along(joinGraph: JoinGraph, route: ProbeRoute, indexed: Int => Seq[StoreIndex]): RoutePlan = {
+    val classes = joinGraph.classes
+    val value = mutable.Map[Int, Expression]() // bound class -> its value (the first bound expression)
+    val placed = mutable.Set[ResidualCondition]()
+
+    /**
+     * Binds `input`: the equalities of its expressions with the classes' values, new classes' values,
+     * residuals now complete; as (the conditions deciding which of its rows match: an outer input's ON
+     * clause, everything else for other inputs; the conditions checked after that: an outer input's others).
+     */
+    def bind(input: Int, probed: Seq[Int], bound: Set[Int]): (Seq[Expression], Seq[Expression]) = {
+      val equalities = classes.indices.flatMap { c =>
+        val mine = classes(c).members.collect { case (`input`, e) => e }
+        if (mine.isEmpty) Nil
+        else value.get(c) match {
+          // The probe already matched the store's key for this class: check its other expressions only.
+          case Some(v) if probed.contains(c) => mine.tail.map(EqualTo(v, _))
+          case Some(v) => mine.map(EqualTo(v, _))
+          case None if joinGraph.filters.contains(input) =>
+            throw new IllegalStateException(s"filter input $input is probed before its key class $c is bound")
+          case None =>
+            value(c) = mine.head
+            mine.tail.map(EqualTo(mine.head, _))
+        }
+      }
+      val nowBound = bound + input
+      val residuals = joinGraph.residuals.filter(r => !placed.contains(r) && r.inputs.subsetOf(nowBound))
+      placed ++= residuals
+      if (!joinGraph.outer.contains(input)) (equalities ++ residuals.map(_.condition), Nil)
+      else {
+        val (on, after) = residuals.partition(_.outer.contains(input))
+        (on.map(_.condition), equalities ++ after.map(_.condition))
+      }
+    }
+
+    val startConditions = bind(route.start, Nil, Set.empty)._1
+    var bound = Set(route.start)
+    val steps = route.edges.map { case (from, to) =>
+      // Through the edge's own class (shared by `from` and `to`): the statistics of the edge describe
+      // probes through it, and a bound class `from` does not share may be far less selective (Q5's
+      // supplier by nation instead of by supplier key: 400 candidates per probe instead of one).
+      // Of those, the widest index: every class it covers narrows the candidates.
+      // An outer input is probed by its ON clause's keys only, once everything its ON clause reads is bound.
+      val usable = joinGraph.outer.get(to) match {
+        case Some(on) => indexed(to).filter(_.classes.sorted == on.sorted).filter(_ => joinGraph.onInputs(to).subsetOf(bound))
+        case None => indexed(to).filter(_.classes.forall(value.contains))
+      }
+      val index = usable.sortBy(ix => (!ix.classes.exists(c => classes(c).inputs.contains(from)), -ix.classes.size)).headOption
+        .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
+      val (conditions, after) = bind(to, index.classes, bound)
+      bound += to
+      StepPlan(to, from, index, index.classes.map(value), conditions, joinGraph.stepType(to), after)
+    }
+    RoutePlan(route, startConditions, steps)
+  }
+}

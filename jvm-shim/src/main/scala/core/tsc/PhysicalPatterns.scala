@@ -1,0 +1,77 @@
+package umjoin.spark.core.tsc
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.sql.catalyst.expressions.Attribute
+import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter, LeftSemi, RightOuter}
+import org.apache.spark.sql.execution.{FilterExec, ProjectExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.joins.{BaseJoinExec, BroadcastHashJoinExec, ShuffledHashJoinExec, SortMergeJoinExec}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+
+/** What `rules/streaming.yaml` may say about a micro-batch's physical plan. */
+object PhysicalPatterns {
+
+  /** Join types a streaming UMJoin computes: inner joins, and an outer or semi stream-stream join on top of its group. */
+  private val supportedJoinTypes: Map[String, JoinType] =
+    Map("Inner" -> Inner, "LeftOuter" -> LeftOuter, "RightOuter" -> RightOuter, "LeftSemi" -> LeftSemi)
+
+  /** The non-preserved side of an outer or semi stream-stream join is one input of the group: the stream matched against. */
+  def keptAsInput(output: SparkPlan, child: SparkPlan): Boolean = output match {
+    case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == LeftSemi => j.right eq child
+    case j: StreamingSymmetricHashJoinExec if j.joinType == RightOuter => j.left eq child
+    case _ => false
+  }
+
+  private val streamStaticJoins = Set("BroadcastHashJoinExec", "ShuffledHashJoinExec", "SortMergeJoinExec")
+
+  /** Whether a micro-batch plan reads a stream: Spark keeps the streaming flag on the logical plans it planned from. */
+  def isStreaming(plan: SparkPlan): Boolean =
+    plan.logicalLink.map(_.isStreaming).getOrElse(plan.children.exists(isStreaming))
+
+  private def joinTypeOf(plan: SparkPlan): Option[JoinType] = plan match {
+    case j: StreamingSymmetricHashJoinExec => Some(j.joinType)
+    case j: BaseJoinExec => Some(j.joinType)
+    case _ => None
+  }
+
+  val vocabulary: PatternVocabulary[SparkPlan] = PatternVocabulary(
+    planType = "physical",
+    nodeKinds = Map(
+      "StreamingSymmetricHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[StreamingSymmetricHashJoinExec], isJoin = true),
+      "BroadcastHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[BroadcastHashJoinExec], isJoin = true),
+      "ShuffledHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[ShuffledHashJoinExec], isJoin = true),
+      "SortMergeJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[SortMergeJoinExec], isJoin = true),
+      "ShuffleExchangeExec" -> NodeKind[SparkPlan](_.isInstanceOf[ShuffleExchangeExec], isJoin = false),
+      "BroadcastExchangeExec" -> NodeKind[SparkPlan](_.isInstanceOf[BroadcastExchangeExec], isJoin = false),
+      "SortExec" -> NodeKind[SparkPlan](_.isInstanceOf[SortExec], isJoin = false),
+      "ProjectExec" -> NodeKind[SparkPlan](_.isInstanceOf[ProjectExec], isJoin = false),
+      "FilterExec" -> NodeKind[SparkPlan](_.isInstanceOf[FilterExec], isJoin = false)),
+    checks = Map(
+      "joinType" -> Check[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", "takes a list of join types (supported: Inner, LeftOuter, RightOuter, LeftSemi)", arg => {
+        val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
+        val unknown = names.filterNot(supportedJoinTypes.contains)
+        if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
+        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a streaming UMJoin member; it computes inner joins " +
+          "and one left outer, right outer or left semi stream-stream join on top of a group")
+        else {
+          val types = names.map(supportedJoinTypes).toSet
+          Right(node => joinTypeOf(node).exists(types.contains))
+        }
+      }),
+      "stateful" -> MemberPatterns.flag[SparkPlan](Set("StreamingSymmetricHashJoinExec")) {
+        case j: StreamingSymmetricHashJoinExec => j.stateInfo.isDefined
+        case _ => false
+      },
+      "streamStatic" -> MemberPatterns.flag[SparkPlan](streamStaticJoins) { join =>
+        join.children.count(isStreaming) == 1
+      },
+      "attributesOnly" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
+        case p: ProjectExec => p.projectList.forall(_.isInstanceOf[Attribute])
+        case _ => false
+      },
+      "deterministic" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
+        case p: ProjectExec => p.projectList.forall(_.deterministic)
+        case _ => false
+      }))
+}

@@ -1,0 +1,247 @@
+package umjoin.spark.streaming
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
+
+import umjoin.spark.core.probe.StoreIndex
+import umjoin.spark.core.store.JoinStore
+
+/**
+ * Where one stream input of a streaming UMJoin keeps its rows, in one partition: a state store
+ * keyed by (the row's value of its partitioning class, a sequence number, the time it was stored),
+ * probed by prefix scans on the first; and per further index a state store keyed by (the row's
+ * values of the index's classes, the sequence number), probed by prefix scans on those values,
+ * whose values point to the row (its partitioning key and time). All of them under the
+ * StreamingUMJoin's operator in the checkpoint, through Spark's state store API, so the session's
+ * provider (RocksDB's is an LSM-tree) keeps them.
+ *
+ * @param partitionClass the key class the input is partitioned on, and `partitionKey` its expression for it
+ * @param indexes        per index, the input's expressions for its classes
+ * @param name           the rows' store's name (its indexes' names start with it): [[InputState.storeName]] for an input's
+ *                       own rows, [[InputState.unmatchedStoreName]] for the combinations an outer join waits to match
+ */
+final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int, partitionKey: Expression,
+    indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
+  def primaryKeySchema: StructType = StructType(Seq(
+    StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
+  def indexKeySchema(keys: Seq[Expression]): StructType = StructType(keys.zipWithIndex.map { case (k, i) =>
+    StructField(if (i == 0) "key" else s"key$i", k.dataType)
+  } :+ StructField("sequence", LongType, nullable = false))
+  def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey", partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
+  /** Every index the input's rows can be probed through: its partitioning class, then the further indexes. */
+  def allIndexes: Seq[(StoreIndex, Seq[Expression])] = (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
+}
+
+/**
+ * The stores of one stream input in one task, for reading: the version the previous micro-batch
+ * committed (`writer` is set in the task that writes this batch's version). A stored row is seen
+ * only while `visible` holds for the time it was stored (spark.umjoin.stateTtl).
+ */
+final class InputState private (
+    spec: InputStateSpec,
+    val primary: ReadStateStore,
+    val indexes: Map[StoreIndex, ReadStateStore],
+    visible: Long => Boolean) {
+
+  private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
+  private val rowKeyValues = new GenericInternalRow(3)
+
+  /** The stored rows whose values of `index`'s classes are the fields of `key`. */
+  def lookup(index: StoreIndex, key: UnsafeRow): Iterator[InternalRow] =
+    if (index == StoreIndex.single(spec.partitionClass)) primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    else {
+      val store = indexes.getOrElse(index, throw new IllegalStateException(s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
+      val sequence = index.classes.size
+      store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
+        rowKeyValues.update(0, pair.value.get(0, spec.partitionKey.dataType))
+        rowKeyValues.update(1, pair.key.getLong(sequence))
+        rowKeyValues.update(2, pair.value.getLong(1))
+        val row = primary.get(rowKey(rowKeyValues))
+        if (row == null) throw new IllegalStateException(
+          s"UMJoin state of input #${spec.input}: an index entry points to a row that is not stored; the checkpoint's state is inconsistent")
+        row
+      }
+    }
+
+  /** Every stored row still visible. */
+  def visibleRows(): Iterator[InternalRow] = primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
+
+  /** A probe of this input's state through `index`, as the probe loop sees it. */
+  def storeFor(index: StoreIndex): JoinStore = new JoinStore {
+    override def get(key: UnsafeRow): Iterator[InternalRow] = lookup(index, key)
+    override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
+    override def keyCount: Long = primary match {
+      case s: StateStore => s.metrics.numKeys
+      case _ => 0L
+    }
+    override def sizeInBytes: Long = 0L
+    override def close(): Unit = ()
+  }
+}
+
+/**
+ * How a stream input's stores are opened: the rows' store as the session configures state stores;
+ * its indexes without RocksDB's count of keys (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows),
+ * which reads the key before every write to count it. An index holds exactly one entry per stored
+ * row (a row with a NULL key is never stored), so its entries are counted by the rows instead.
+ * RocksDB stores commit with changelog checkpointing unless the session says otherwise: a
+ * StreamingUMJoin commits one store per input and index in every partition and micro-batch, most
+ * with few changes or none (a stored static table), and a changelog commit writes one small file
+ * where a snapshot commit copies and uploads the store's files.
+ */
+final case class InputStateConf(rows: StateStoreConf, indexes: StateStoreConf)
+
+object InputStateConf {
+  val Changelog = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+  def apply(sqlConf: SQLConf): InputStateConf = {
+    val rows = sqlConf.clone()
+    if (!sqlConf.contains(Changelog)) rows.setConfString(Changelog, "true")
+    val untracked = rows.clone()
+    untracked.setConfString("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+    InputStateConf(new StateStoreConf(rows), new StateStoreConf(untracked))
+  }
+}
+
+object InputState {
+  def storeName(input: Int): String = s"umjoin-input-$input"
+  def indexStoreName(storeName: String, position: Int): String = s"$storeName-index-$position"
+  /** The store of the preserved inputs' combinations that no row of outer input `outer` matched yet. */
+  def unmatchedStoreName(outer: Int): String = s"umjoin-unmatched-$outer"
+
+  /** The committed state of the previous micro-batch, read-only; released when the task ends. */
+  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
+      visible: Long => Boolean, context: TaskContext): InputState = {
+    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): ReadStateStore = {
+      val store = StateStore.getReadOnly(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
+        info.storeVersion, None, None, false, conf, hadoopConf)
+      context.addTaskCompletionListener[Unit](_ => store.release())
+      store
+    }
+    new InputState(spec,
+      open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows),
+      spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
+        index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
+      }.toMap,
+      visible)
+  }
+
+  /** The state to write this micro-batch's version of; aborted when the task ends without committing. */
+  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
+      visible: Long => Boolean, context: TaskContext): InputStateWriter = {
+    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): StateStore = {
+      val store = StateStore.get(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
+        info.storeVersion, None, None, false, conf, hadoopConf)
+      context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
+      store
+    }
+    val primary = open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows)
+    val indexes = spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
+      index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
+    }.toMap
+    new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible), info.storeVersion)
+  }
+
+  /** Every store is probed by prefix scans on all of its key's fields but the sequence number (and the primary's time). */
+  private def prefixed(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
+    PrefixKeyScanStateEncoderSpec(keySchema, keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
+
+  private def providerId(info: StatefulOperatorStateInfo, partition: Int, name: String): StateStoreProviderId =
+    StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name), info.queryRunId)
+}
+
+/** Writes one micro-batch's changes to a stream input's stores in one partition, then commits them. */
+final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
+  private val partitionKeyOf = UnsafeProjection.create(Seq(spec.partitionKey), spec.output)
+  private val toStored = UnsafeProjection.create(spec.output, spec.output)
+  private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
+  // An index's key for a row and its sequence number: the row joined with a one-field row holding the number.
+  private val indexKeyOf = spec.indexes.map { case (index, keys) =>
+    index -> UnsafeProjection.create(keys.map(BindReferences.bindReference(_, spec.output)) :+ BoundReference(spec.output.size, LongType, nullable = false))
+  }
+  private val indexValue = UnsafeProjection.create(spec.indexValueSchema.map(_.dataType).toArray)
+  private val values3 = new GenericInternalRow(3)
+  private val values2 = new GenericInternalRow(2)
+  private val sequenceField = new GenericInternalRow(1)
+  private val rowAndSequence = new JoinedRow
+  // Unique within the partition: the batch in the high bits, the row's place in it in the low ones.
+  private var sequence = version << 32
+
+  private def indexKey(key: UnsafeProjection, row: InternalRow, sequence: Long): UnsafeRow = {
+    sequenceField.setLong(0, sequence)
+    key(rowAndSequence(row, sequenceField))
+  }
+
+  /** Stores a row that arrived (its keys have no NULL), as of `nowMs`. */
+  def put(row: InternalRow, nowMs: Long): Unit = {
+    val partitionKey = partitionKeyOf(row).get(0, spec.partitionKey.dataType)
+    values3.update(0, partitionKey)
+    values3.update(1, sequence)
+    values3.update(2, nowMs)
+    primary.put(rowKey(values3), toStored(row))
+    if (indexKeyOf.nonEmpty) {
+      values2.update(0, partitionKey)
+      values2.update(1, nowMs)
+      val value = indexValue(values2)
+      indexKeyOf.foreach { case (index, key) => indexes(index).put(indexKey(key, row, sequence), value) }
+    }
+    sequence += 1
+  }
+
+  /** Removes every stored row `gone(storedAtMs, row)` selects, with its index entries; returns how many. */
+  def removeWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
+    val doomed = mutable.ArrayBuffer[(UnsafeRow, UnsafeRow)]()
+    primary.iterator().foreach(pair => if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
+    doomed.foreach { case (key, row) =>
+      primary.remove(key)
+      indexKeyOf.foreach { case (index, indexKeyOfRow) => indexes(index).remove(indexKey(indexKeyOfRow, row, key.getLong(1))) }
+    }
+    doomed.size.toLong
+  }
+
+  def commit(): Unit = {
+    primary.commit()
+    indexes.values.foreach(_.commit())
+  }
+
+  /** The stores beside the rows: the indexes, in the layout's order. */
+  def auxiliary: Seq[StateStore] = spec.indexes.map { case (index, _) => indexes(index) }
+  def stores: Seq[StateStore] = primary +: auxiliary
+  def rowCount: Long = primary.metrics.numKeys
+  def indexEntryCount: Long = rowCount * indexes.size
+  def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
+  /** The bytes of the stores' files on local disk, where the provider tells them (RocksDB's SST files); else 0. */
+  def diskBytes: Long = stores.map(_.metrics.customMetrics.collect { case (m, v) if m.name == "rocksdbSstFileSize" => v }.sum).sum
+}
+
+/**
+ * The rows each stream input's store held in a partition when a task of this executor committed
+ * it, by version: the next micro-batch's tasks, which the state store's locality mostly brings back
+ * here, learn without a scan whether a store is small enough to read into memory (a store cannot be
+ * asked before it is committed). A task elsewhere finds nothing and probes the store.
+ */
+object CommittedRowCounts {
+  private final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
+  private val counts = new java.util.concurrent.ConcurrentHashMap[Key, (Long, Long)]()
+
+  def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long, rows: Long): Unit = {
+    if (counts.size > 100000) counts.clear() // queries come and go; a forgotten count only costs a probe of the store
+    counts.put(Key(info.checkpointLocation, info.operatorId, partition, input), (version, rows))
+  }
+
+  /** The rows of the version this micro-batch reads, if this executor committed it. */
+  def of(info: StatefulOperatorStateInfo, partition: Int, input: Int): Option[Long] =
+    Option(counts.get(Key(info.checkpointLocation, info.operatorId, partition, input))).collect {
+      case (version, rows) if version == info.storeVersion => rows
+    }
+}

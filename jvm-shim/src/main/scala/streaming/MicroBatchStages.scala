@@ -1,0 +1,488 @@
+package umjoin.spark.streaming
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
+import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter, SQLShuffleWriteMetricsReporter}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
+
+import org.apache.spark.sql.execution.umjoin.InMemoryStore
+import umjoin.spark.batch.UMJoinExec
+import umjoin.spark.core.JoinGraph
+import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, RoutePlan, StoreIndex}
+import umjoin.spark.core.store.JoinStore
+
+/** One stream's route in a micro-batch: its probe steps, how each reaches its store, and the segments each task runs. */
+final case class RouteRun(plan: RoutePlan, steps: Seq[RoutedStep], segments: Seq[Segment]) {
+  def start: Int = plan.route.start
+}
+
+/** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
+final case class StageMetrics(
+    numOutputRows: SQLMetric,
+    inputs: IndexedSeq[InputMetrics],
+    shipped: SQLMetric,
+    cachedStateRows: SQLMetric,
+    memoryIndexBytes: SQLMetric,
+    droppedLate: SQLMetric,
+    updated: SQLMetric,
+    removed: SQLMetric,
+    stateRows: IndexedSeq[SQLMetric],
+    indexEntries: IndexedSeq[SQLMetric],
+    static: Map[Int, StaticMetrics],
+    unmatched: Option[UnmatchedMetrics])
+
+/**
+ * The metrics of an outer or semi join: combinations no row matched (put out with NULLs, or
+ * dropped), and combinations waiting for a match.
+ */
+final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
+
+/**
+ * An outer or semi join's combinations of its preserved inputs that no row of its non-preserved
+ * input `nonPreserved` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in
+ * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's key class.
+ *
+ * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
+ * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet)
+ * @param semi        a semi join (a combination comes out at its first match), else an outer one
+ */
+final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
+    unmatchable: Option[Expression], semi: Boolean)
+
+/** The metrics of a stored static table. */
+final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
+
+/**
+ * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
+ *
+ * @param joinKeys   per input, every expression it joins on: a row with a NULL in one never joins
+ * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
+ * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
+ * @param staticLoads per stored static table, whether this batch writes its stores, and which load they hold
+ * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes (v_R, v_S)
+ */
+final case class MicroBatchJob(
+    graph: JoinGraph,
+    kinds: IndexedSeq[InputKind],
+    outputs: IndexedSeq[Seq[Attribute]],
+    result: Seq[Attribute],
+    routes: Map[Int, RouteRun],
+    states: Map[Int, InputStateSpec],
+    joinKeys: IndexedSeq[Seq[Expression]],
+    lateRows: IndexedSeq[Option[Expression]],
+    evictable: IndexedSeq[Option[Expression]],
+    stateTtlMs: Option[Long],
+    nowMs: Long,
+    stateCacheRows: Long,
+    staticLoads: Map[Int, StaticVersions.Decision],
+    staticCache: StaticCacheSettings,
+    staticRowBytes: Map[Int, (Double, Double)],
+    unmatched: Option[UnmatchedSpec],
+    partitions: Int,
+    info: StatefulOperatorStateInfo) {
+
+  /** Tasks in a row the routes need: one per segment of the longest; each stage's task k works on partition k of every store. */
+  val stageCount: Int = routes.values.map(_.segments.size).max
+
+  val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
+
+  /** The inputs whose rows live in state stores (see [[umjoin.spark.streaming.StreamingLayout.stored]]). */
+  val stored: Seq[Int] = states.keys.toSeq.sorted
+
+  /** Whether input j is a stored static table this batch writes (so its rows come from its child, not its stores). */
+  def loads(j: Int): Boolean = staticLoads.get(j).exists(_.load)
+
+  /** The steps (route's start, input probed, index probed through) the routes take in stage `stage`. */
+  def probesIn(stage: Int): Seq[(Int, Int, StoreIndex)] = routes.values.toSeq.flatMap { run =>
+    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.plan.steps(t).input, run.steps(t).lookup)))
+  }
+
+  /** The input's expression for key class `c`. */
+  def keyOf(input: Int, c: Int): Expression = graph.classes(c).keyOf(input).get
+}
+
+/**
+ * One task of one stage of a micro-batch (see [[StreamingUMJoinExec]]). Stage 0 starts the routes
+ * from the batch's new rows of every stream, stage s > 0 continues the partial combinations stage
+ * s - 1 shipped to this partition; each runs its routes' steps until a step needs another
+ * partition, then ships the combination there (to one partition, or all). The last stage writes the
+ * batch's new rows into the stores, evicts what can no longer join, and commits.
+ *
+ * Stores are read as the previous batch committed them; this batch's new rows of an input are
+ * indexed in memory from the input's partition and seen by routes that start at a later input.
+ * `committed` reports the stores the last stage committed (the operator's state metrics).
+ */
+private[streaming] final class StageTask(
+    job: MicroBatchJob,
+    stage: Int,
+    context: TaskContext,
+    read: Int => Iterator[InternalRow],
+    broadcastRows: Int => Array[InternalRow],
+    shipped: () => Iterator[InternalRow],
+    metrics: StageMetrics,
+    storeConfs: InputStateConf,
+    hadoopConf: Configuration,
+    statistics: Option[ProbeCountersAccumulator],
+    committed: Seq[InputStateWriter] => Unit) {
+
+  private val partition = context.partitionId()
+  private val isLast = stage == job.stageCount - 1
+  private val counters = statistics.map(_ => new ProbeCounters(job.kinds.size))
+  private val visible: Long => Boolean = job.stateTtlMs match {
+    case Some(ttl) => storedAt => storedAt > job.nowMs - ttl
+    case None => _ => true
+  }
+  // A stored static table's rows never expire: the table is loaded again when it changes.
+  private def visibleIn(j: Int): Long => Boolean = if (job.kinds(j) == InputKind.Stream) visible else _ => true
+
+  // The stores of the streams and stored tables: written (and read) in the last stage, read-only before it.
+  private val writers = mutable.Map[Int, InputStateWriter]()
+  private val readers = mutable.Map[Int, InputState]()
+  private def writerOf(j: Int): InputStateWriter =
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
+  private def stateOf(j: Int): InputState =
+    if (isLast) writerOf(j).state
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
+
+  /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
+  private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
+    val isLate = job.lateRows(j).map(predicate(_, job.outputs(j)))
+    val keys = UnsafeProjection.create(job.joinKeys(j), job.outputs(j))
+    read(j).filter { row =>
+      val dropped = isLate.exists(_.eval(row))
+      if (dropped) late.foreach(_ += 1)
+      !dropped && !keys(row).anyNull
+    }
+  }
+
+  /** `rows` of input j indexed in memory by each of `indexes`, as the probe loop looks them up. */
+  private def indexInMemory(j: Int, rows: Iterator[InternalRow], indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
+    val keys = indexes.map(_.classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
+    val stores = InMemoryStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
+    metrics.memoryIndexBytes += stores.map(_.sizeInBytes).sum
+    indexes.zip(stores).zip(keys).map { case ((index, store), key) => index -> StageTask.keyedAsBuilt(store, key) }.toMap
+  }
+
+  // In-memory indexes, built when first probed: this batch's new rows of streams, and static tables.
+  private val probed = job.probesIn(stage)
+  private val memoryIndexes = mutable.Map[Int, Map[StoreIndex, JoinStore]]()
+  private def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
+    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream || j < start => ix }.distinct
+    val rows = job.kinds(j) match {
+      case InputKind.Stream => fresh(j, None)
+      case InputKind.StaticBroadcast => broadcastRows(j).iterator
+      case InputKind.StaticPartitioned | InputKind.StaticStored => read(j)
+    }
+    indexInMemory(j, rows, indexes)
+  })(index)
+
+  // A stream's stored rows, read into memory once where this partition holds few of them
+  // (spark.umjoin.stateCacheRows): most probes of a multi-way join find nothing, and a hash lookup
+  // costs far less than a seek in the state store's LSM-tree. The committed version is read, before
+  // the last stage writes this batch's rows.
+  private val cachedState = mutable.Map[Int, Option[Map[StoreIndex, JoinStore]]]()
+  private def stored(j: Int, index: StoreIndex): JoinStore = cachedState.getOrElseUpdate(j, {
+    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows).map { n =>
+      metrics.cachedStateRows += n
+      indexInMemory(j, stateOf(j).visibleRows(), probed.collect { case (_, `j`, ix) => ix }.distinct)
+    }
+  }).map(_(index)).getOrElse(stateOf(j).storeFor(index))
+
+  // A stored static table between its loads: its stores, through what this executor caches of them.
+  private def staticCacheOf(j: Int): StaticInputCache = {
+    val spec = job.states(j)
+    val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
+    StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation, new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
+      StoreIndex.single(spec.partitionClass),
+      spec.allIndexes.map { case (ix, keys) => ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
+      masterRowBytes, streamRowBytes))
+  }
+  private val staticViews = mutable.Map[(Int, StoreIndex), JoinStore]()
+  private def staticStored(j: Int, index: StoreIndex): JoinStore = staticViews.getOrElseUpdate((j, index), {
+    val m = metrics.static(j)
+    staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(), m.hits, m.misses)
+  })
+
+  /** The store a route from `start` probes input `input` through `index` with (the delta rule: later starts see this batch's rows). */
+  private def storeFor(start: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
+    case InputKind.Stream if input < start => new StageTask.Both(stored(input, index), inMemory(input, index))
+    case InputKind.Stream => stored(input, index)
+    case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
+    case _ => inMemory(input, index)
+  }
+
+  // An outer or semi join's new combinations of its preserved inputs that no row of its non-preserved input matched in this task
+  // (or, in the last stage, that earlier stages shipped here): they wait for a match in the last stage's store.
+  private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
+
+  /** This stage's part of each route, ready to run (compiled when first used). */
+  private val cores = mutable.Map[Int, (Segment, ProbeCore)]()
+  private def coreOf(start: Int): (Segment, ProbeCore) = cores.getOrElseUpdate(start, {
+    val run = job.routes(start)
+    val segment = run.segments(stage)
+    val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
+      (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
+        val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
+        (combination: InternalRow) => unmatchedHere += inInputOrder(combination).copy()
+      })
+    (segment, new ProbeCore(compiled, Option.when(stage == 0)(metrics.inputs(start).rowsIn),
+      Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
+  })
+
+  /** Rows this stage produces: (the route they continue on, -1 for a complete result row, or -2 for an unmatched combination; the row). */
+  private def produced(): Iterator[(Int, InternalRow)] = {
+    def label(start: Int, rows: Iterator[InternalRow], segment: Segment): Iterator[(Int, InternalRow)] =
+      rows.map(row => (if (segment.next.isEmpty) -1 else start, row))
+    if (stage == 0) {
+      job.streams.iterator.filter(job.routes.contains).flatMap { start =>
+        val (segment, core) = coreOf(start)
+        label(start, core.join(fresh(start, None)), segment)
+      }
+    } else {
+      val feeds = mutable.Map[Int, (Segment, StageTask.Feed, Iterator[InternalRow])]()
+      val resultRow = new UnsafeRow(job.result.size)
+      val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
+      shipped().flatMap { envelope =>
+        val start = envelope.getInt(0)
+        val bytes = envelope.getBinary(1)
+        if (start == StageTask.Unmatched) {
+          unmatchedRow.pointTo(bytes, bytes.length)
+          Iterator.single((StageTask.Unmatched, unmatchedRow))
+        } else if (start < 0) {
+          resultRow.pointTo(bytes, bytes.length)
+          Iterator.single((-1, resultRow))
+        } else {
+          val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
+            val (segment, core) = coreOf(start)
+            val feed = new StageTask.Feed(job.routes(start).plan.route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
+            (segment, feed, core.join(feed))
+          })
+          feed.set(bytes)
+          label(start, rows, segment)
+        }
+      }
+    }
+  }
+
+  /** A stage before the last: its rows, each addressed to the partition it continues in. */
+  def shipping(): Iterator[(Int, InternalRow)] = {
+    val envelope = UnsafeProjection.create(Array[DataType](IntegerType, BinaryType))
+    val fields = new GenericInternalRow(2)
+    def wrap(start: Int, row: InternalRow): UnsafeRow = {
+      fields.update(0, start)
+      fields.update(1, row.asInstanceOf[UnsafeRow].getBytes)
+      envelope(fields).copy()
+    }
+    val targets = mutable.Map[Int, UnsafeProjection]()
+    def targetOf(start: Int, segment: Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
+      val order = job.routes(start).plan.route.order
+      val bound = order.take(segment.until + 1)
+      val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
+      UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
+    })
+    val all = 0 until job.partitions
+    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
+    val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
+    StageTask.whenDone(produced().flatMap {
+      case (start, row) if start < 0 => Iterator.single((partition, wrap(start, row)))
+      case (start, row) =>
+        val segment = job.routes(start).segments(stage)
+        segment.next match {
+          case Some(Reach.ByKey(keyClass)) =>
+            metrics.shipped += 1
+            Iterator.single((targetOf(start, segment, keyClass)(row).getInt(0), wrap(start, row)))
+          case _ =>
+            metrics.shipped += job.partitions
+            val wrapped = wrap(start, row)
+            all.iterator.map(p => (p, wrapped))
+        }
+    } ++ unmatched(), () => report())
+  }
+
+  /**
+   * The last stage: result rows, then an outer join's combinations put out with NULLs (a semi
+   * join's matched at last); once they are all out, the batch's new rows are stored and every store is committed.
+   */
+  def results(): Iterator[InternalRow] = {
+    val rows = produced().flatMap {
+      case (StageTask.Unmatched, row) =>
+        unmatchedHere += row.asInstanceOf[UnsafeRow].copy()
+        Iterator.empty
+      case (_, row) => Iterator.single(row)
+    }
+    StageTask.whenDone(rows ++ settleUnmatched(), () => finish())
+  }
+
+  private var unmatchedWriter = Option.empty[InputStateWriter]
+
+  /**
+   * An outer or semi join's waiting combinations in this partition, the ones already stored and
+   * this batch's new ones (every match the routes found is put out already): those a new row of
+   * the non-preserved input matches go (a semi join's come out now); those no later row can match
+   * any more go, out with NULLs for that input's columns (outer, as Spark's outer join puts out the
+   * preserved rows it evicts unmatched) or dropped (semi); the others wait.
+   */
+  private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
+    val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
+    unmatchedWriter = Some(writer)
+    val matchIndex = StoreIndex.single(u.spec.partitionClass)
+    val arrived = indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndex))(matchIndex)
+    val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
+    val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
+    val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
+    val joined = new JoinedRow
+    def matched(combination: InternalRow): Boolean =
+      arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
+    // The non-preserved input's columns may be NULL in a result row: bound as nullable. A semi join's result has none of them.
+    val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.nonPreserved).map(_.withNullability(true)))
+    val nulls = new GenericInternalRow(job.outputs(u.nonPreserved).size)
+    val out = mutable.ArrayBuffer[InternalRow]()
+    def putOut(combination: InternalRow): Unit = out += padded(joined(combination, nulls)).copy()
+    /** Whether the combination goes: matched now (a semi join's comes out), or matched by no later row (an outer join's comes out). */
+    def goes(combination: InternalRow): Boolean =
+      if (matched(combination)) {
+        if (u.semi) putOut(combination)
+        true
+      } else if (unmatchable.exists(_.eval(combination))) {
+        if (!u.semi) putOut(combination)
+        metrics.unmatched.foreach(_.gone += 1)
+        true
+      } else false
+    metrics.removed += writer.removeWhere((_, combination) => goes(combination))
+    unmatchedHere.foreach { combination =>
+      if (!goes(combination)) {
+        writer.put(combination, job.nowMs)
+        metrics.updated += 1
+      }
+    }
+    metrics.numOutputRows += out.size
+    out.iterator
+  }
+
+  private def finish(): Unit = {
+    job.stored.foreach { j =>
+      val writer = writerOf(j)
+      def store(rows: Iterator[InternalRow]): Unit = rows.foreach { row =>
+        writer.put(row, job.nowMs)
+        metrics.updated += 1
+      }
+      job.kinds(j) match {
+        case InputKind.Stream =>
+          store(fresh(j, Some(metrics.droppedLate)))
+          val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
+          if (job.stateTtlMs.isDefined || evict.isDefined) {
+            metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
+          }
+        case _ if job.loads(j) =>
+          metrics.removed += writer.removeWhere((_, _) => true)
+          store(fresh(j, None))
+        case _ =>
+          val cache = staticCacheOf(j)
+          cache.endBatch(writer.state.storeFor(StoreIndex.single(job.states(j).partitionClass)))
+          metrics.static(j).cachedKeys += cache.cachedKeys
+          metrics.static(j).cachedBytes += cache.cachedBytes
+      }
+      writer.commit()
+      metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
+      CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
+      metrics.stateRows(j) += writer.rowCount
+      metrics.indexEntries(j) += writer.indexEntryCount
+      metrics.inputs(j).storeSize += writer.memoryBytes
+      counters.foreach(_.stored(j) = writer.rowCount)
+    }
+    unmatchedWriter.foreach { writer =>
+      writer.commit()
+      metrics.unmatched.foreach(_.waiting += writer.rowCount)
+    }
+    committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriter)
+    report()
+  }
+
+  private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
+
+  private def predicate(e: Expression, attrs: Seq[Attribute]): BasePredicate = {
+    val p = Predicate.create(e, attrs)
+    p.initialize(partition)
+    p
+  }
+}
+
+private[streaming] object StageTask {
+
+  /** What a shipped row is when it is not a partial combination of a route (-1: a result row): an outer or semi join's unmatched combination. */
+  val Unmatched: Int = -2
+
+  /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
+  final class Feed(numFields: Int) extends Iterator[InternalRow] {
+    private val row = new UnsafeRow(numFields)
+    private var pending = false
+    def set(bytes: Array[Byte]): Unit = {
+      row.pointTo(bytes, bytes.length)
+      pending = true
+    }
+    override def hasNext: Boolean = pending
+    override def next(): InternalRow = {
+      pending = false
+      row
+    }
+  }
+
+  /** A stream's stored rows and this batch's new ones. */
+  final class Both(stored: JoinStore, fresh: JoinStore) extends JoinStore {
+    override def get(key: UnsafeRow): Iterator[InternalRow] = stored.get(key) ++ fresh.get(key)
+    override def isEmpty: Boolean = false
+    override def keyCount: Long = stored.keyCount + fresh.keyCount
+    override def sizeInBytes: Long = stored.sizeInBytes + fresh.sizeInBytes
+    override def close(): Unit = ()
+  }
+
+  /** An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the classes' own types. */
+  def keyedAsBuilt(store: JoinStore, keys: Seq[Expression]): JoinStore =
+    if (UMJoinExec.hashable(keys) == keys) store
+    else new JoinStore {
+      private val widen = UnsafeProjection.create(UMJoinExec.hashable(keys.zipWithIndex.map { case (k, i) => BoundReference(i, k.dataType, nullable = false) }))
+      override def get(key: UnsafeRow): Iterator[InternalRow] = store.get(widen(key))
+      override def isEmpty: Boolean = store.isEmpty
+      override def keyCount: Long = store.keyCount
+      override def sizeInBytes: Long = store.sizeInBytes
+      override def close(): Unit = store.close()
+    }
+
+  /** `rows`, then `done()` once they ran out. */
+  def whenDone[T](rows: Iterator[T], done: () => Unit): Iterator[T] = new Iterator[T] {
+    private var finished = false
+    override def hasNext: Boolean = rows.hasNext || {
+      if (!finished) {
+        finished = true
+        done()
+      }
+      false
+    }
+    override def next(): T = rows.next()
+  }
+}
+
+/** The shuffle of partial combinations between two stages: each row goes to the partition it is addressed to. */
+object ComboShuffle {
+  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int, sc: SparkContext): RDD[InternalRow] = {
+    val writeMetrics = SQLShuffleWriteMetricsReporter.createShuffleWriteMetrics(sc)
+    val dependency = new ShuffleDependency[Int, InternalRow, InternalRow](mapSide, new AddressedPartitioner(partitions),
+      new UnsafeRowSerializer(2), shuffleWriterProcessor = ShuffleExchangeExec.createShuffleWriteProcessor(writeMetrics))
+    new ShuffledRowRDD(dependency, SQLShuffleReadMetricsReporter.createShuffleReadMetrics(sc))
+  }
+
+  private final class AddressedPartitioner(override val numPartitions: Int) extends Partitioner {
+    override def getPartition(key: Any): Int = key.asInstanceOf[Int]
+  }
+}

@@ -1,0 +1,372 @@
+package umjoin.spark.streaming
+
+import java.io.{ObjectInputStream, ObjectOutputStream}
+import java.nio.charset.StandardCharsets
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression}
+import org.apache.spark.sql.catalyst.plans.JoinType
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
+import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
+
+import umjoin.spark.core.{JoinGraph, ZippedInputsRDD}
+import umjoin.spark.core.cost.{ProbeOrderSettings, ProbeRoute, StaticCacheSettings, StoreStructure}
+import umjoin.spark.core.probe.{InputMetrics, ProbeSteps}
+
+/**
+ * The streaming UMJoin: one multi-way inner join over the streams (and static tables) of a TSC
+ * group, keeping one store per stream and no intermediate result.
+ *
+ * Layout ([[StreamingLayout]], chosen by paper 002's probe-cost model): each stream's store is
+ * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the further
+ * classes some route probes it through; a static table is broadcast, or partitioned like a stream:
+ * kept in stores like a stream's, written when the query starts and when the table changed
+ * ([[StaticVersions]]), and probed through an executor's cache of its hot keys ([[StaticCaches]],
+ * paper 003), or, where its rows cannot be known unchanged, read again every batch. Every stream's
+ * new rows probe the other stores along its route.
+ *
+ * A micro-batch (paper 000, 3.1.3): new rows of input i probe the stores of inputs before i with
+ * this batch's rows in them, and of inputs after i with the earlier batches' rows only, so every
+ * combination of rows is produced exactly once, by whichever of its rows arrived last. It runs as a
+ * few stages: stage 0 starts every stream's route in the partitions of its new rows; where a route
+ * reaches a store partitioned on a class the partial combination is not in, the combination is
+ * shuffled to the partition of its value of that class (or to all partitions when it has none yet)
+ * and the next stage goes on there. Partial combinations live only within the batch. The last stage
+ * also writes the batch's new rows into the stores, evicts what can no longer join, and commits:
+ * each store is written once per batch, as the batch's version.
+ *
+ * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
+ * [[UMJoinExec]]; with `outerJoins` or `filters`, one LEFT OUTER join on top of the group (a RIGHT
+ * OUTER one with its sides swapped) or one LEFT SEMI join: its non-preserved stream is probed last,
+ * by the join's condition, and a new combination of the other inputs that no stored row of it
+ * matches waits in a store of its own, partitioned as that stream's store, until a later row
+ * matches it or `unmatchable` says no later row can. Outer: a match is put out by the matching
+ * row's route, and the combination goes; one no row matched is put out with NULLs, when Spark's
+ * outer join would evict it from its state and put it out so. Semi: a combination is put out once,
+ * at its first match (the semi stream starts no route), and one no row matched is dropped. With an adaptive `probeOrder`, the tasks count every probe's outcome and the
+ * driver chooses the routes again between micro-batches ([[StreamingRoutes]]).
+ *
+ * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
+ * @param evictable   per input, its stored rows no future row can join any more
+ * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
+ *                    stored longer ago are not probed any more, and removed
+ * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
+ *                    partition holds at most this many (spark.umjoin.stateCacheRows)
+ * @param staticCache what executors keep in memory of stored static tables (spark.umjoin.staticCache)
+ * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's join
+ *                    tree (see [[umjoin.spark.streaming.JoinWatermarks]])
+ */
+case class StreamingUMJoinExec(
+    output: Seq[Attribute],
+    inputLabels: Seq[String],
+    classInputs: Seq[Seq[Int]],
+    classKeys: Seq[Seq[Expression]],
+    residuals: Seq[Expression],
+    residualInputs: Seq[Seq[Int]],
+    filters: Map[Int, JoinType],
+    outerJoins: Map[Int, Seq[Int]],
+    residualOuter: Seq[Option[Int]],
+    unmatchable: Option[Expression],
+    layout: StreamingLayout,
+    probeOrder: ProbeOrderSettings,
+    lateRows: Seq[Option[Expression]],
+    evictable: Seq[Option[Expression]],
+    stateTtlMs: Option[Long],
+    stateCacheRows: Long,
+    staticCache: StaticCacheSettings,
+    stateInfo: Option[StatefulOperatorStateInfo],
+    eventTimeWatermarkForEviction: Option[Long],
+    outputWatermarkShiftMs: Long,
+    children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
+
+  override def nodeName: String = "StreamingUMJoin"
+  override def shortName: String = "umJoin"
+  override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
+    InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
+  } ++ nonPreserved.map(InputState.unmatchedStoreName)
+
+  /** The non-preserved stream of the group's outer or semi join, if it has one. */
+  private def nonPreserved: Option[Int] = (outerJoins.keys ++ filters.keys).headOption
+
+  private def joinGraph: JoinGraph =
+    JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters, outerJoins, residualOuter)
+
+  /** Input j's expression for the class it is partitioned on (None: broadcast). */
+  private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
+
+  override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
+    partitionKey(j) match {
+      case Some(key) => StatefulOpClusteredDistribution(Seq(key), getStateInfo.numPartitions)
+      case None => BroadcastDistribution(IdentityBroadcastMode)
+    }
+  }
+
+  override def outputPartitioning: Partitioning = UnknownPartitioning(getStateInfo.numPartitions)
+
+  // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on the
+  // joins this node replaces, before it exists.
+  override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
+
+  /** Per input: its state (rows, index entries, bytes) and its probes; they show in the query's progress too. */
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = Seq(
+    StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch"),
+    StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores"),
+    StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there"),
+    StatefulOperatorCustomSumMetric("memoryIndexBytes", "bytes of the indexes built in memory to be probed")) ++
+    children.indices.flatMap { i =>
+      val name = s"input #$i ${inputLabels(i)}"
+      Seq(
+        StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
+        StatefulOperatorCustomSumMetric(s"stateIndexEntriesInput$i", s"$name: state index entries"),
+        StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
+        StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
+        StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
+        StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
+        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
+        (if (!nonPreserved.contains(i)) Nil else Seq(
+          if (outerJoins.contains(i)) StatefulOperatorCustomSumMetric(s"nullPaddedInput$i", s"$name: combinations put out with NULLs for its columns")
+          else StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
+          StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
+        (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
+          StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
+          StatefulOperatorCustomSumMetric(s"staticCacheHitsInput$i", s"$name: probes served by the cache"),
+          StatefulOperatorCustomSumMetric(s"staticCacheMissesInput$i", s"$name: probes served by the stores"),
+          StatefulOperatorCustomSumMetric(s"staticCachedKeysInput$i", s"$name: cached keys"),
+          StatefulOperatorCustomSumMetric(s"staticCachedBytesInput$i", s"$name: cache memory bytes"),
+          StatefulOperatorCustomSumMetric(s"staticDiskBytesInput$i", s"$name: store bytes on disk")))
+    }
+
+  private def inputMetrics(i: Int): InputMetrics = InputMetrics(
+    longMetric(s"rowsInInput$i"), longMetric(s"probesInput$i"), longMetric(s"matchesInput$i"),
+    longMetric(s"earlyStopsInput$i"), longMetric(s"stateBytesInput$i"))
+
+  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
+
+  /** A batch with no new rows still runs when the watermark moved past what the state holds. */
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    evictable.exists(_.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+
+  /**
+   * The memory and provider metrics of an input's index stores count as the operator's; their
+   * entries are not state rows (numRowsTotal is the input rows kept, as Spark's join counts each
+   * buffered row once, not its counts per key). Index entries show per input as
+   * `stateIndexEntriesInput<i>`.
+   */
+  private def setAuxiliaryStoreMetrics(store: StateStore): Unit = {
+    val m = store.metrics
+    longMetric("stateMemory") += m.memoryUsedBytes
+    setStoreCustomMetrics(m.customMetrics)
+    setStoreInstanceMetrics(m.instanceMetrics)
+  }
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val info = getStateInfo
+    val partitions = info.numPartitions
+    val graph = joinGraph
+    val outputs = children.map(_.output).toIndexedSeq
+    val hadoopConf = session.sessionState.newHadoopConf()
+    StreamingUMJoinExec.recordLayout(info, StreamingLayout.toJson(layout, graph, outputs, inputLabels), hadoopConf)
+
+    // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
+    val probeGraph = layout.probeGraph(graph)
+    val fanOut = probeGraph.edges.map { case (from, to) =>
+      val carried = layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
+      (from, to) -> (if (carried) 1.0 else partitions.toDouble)
+    }.toMap
+    val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
+    val (allRoutes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
+    // A semi join's stream starts no route: its rows only let combinations through, at their first match.
+    val routes = allRoutes.filter { case (start, _) => !filters.contains(start) }
+    longMetric("probeRouteChanges") += changed
+    val statistics = Option.when(probeOrder.adaptive) {
+      val accumulator = new ProbeCountersAccumulator(children.size)
+      sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
+      StreamingRoutes.collect(info.queryRunId, info.operatorId, accumulator)
+      accumulator
+    }
+
+    // Stored static tables: loaded into their stores in this batch, or probed there.
+    val staticLoads = layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
+      val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
+      if (decision.load) longMetric(s"staticLoadsInput$j") += 1
+      j -> decision
+    }.toMap
+    val job = MicroBatchJob(
+      graph = graph,
+      kinds = layout.kinds,
+      outputs = outputs,
+      result = output,
+      routes = routes.map { case (start, route) =>
+        val steps = layout.steps(graph, route)
+        val lookup = route.order.tail.zip(steps.map(_.lookup)).toMap
+        start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(lookup(input))), steps, layout.segments(steps))
+      },
+      states = layout.stored.map { j =>
+        j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
+          layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
+      }.toMap,
+      joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
+      lateRows = lateRows.toIndexedSeq,
+      evictable = evictable.toIndexedSeq,
+      stateTtlMs = stateTtlMs,
+      nowMs = System.currentTimeMillis(),
+      stateCacheRows = stateCacheRows,
+      staticLoads = staticLoads,
+      staticCache = staticCache,
+      staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
+      unmatched = nonPreserved.map { o =>
+        val key = graph.classes.indexWhere(_.inputs.contains(o))
+        val preserved = graph.joined.filter(_ != o)
+        UnmatchedSpec(o,
+          InputStateSpec(o, preserved.flatMap(outputs), key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+            InputState.unmatchedStoreName(o)),
+          graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
+          semi = filters.contains(o))
+      },
+      partitions = partitions,
+      info = info)
+    val metrics = StageMetrics(
+      numOutputRows = longMetric("numOutputRows"),
+      inputs = children.indices.map(inputMetrics),
+      shipped = longMetric("partialCombinationsShipped"),
+      cachedStateRows = longMetric("stateRowsReadIntoMemory"),
+      memoryIndexBytes = longMetric("memoryIndexBytes"),
+      droppedLate = longMetric("numRowsDroppedByWatermark"),
+      updated = longMetric("numUpdatedStateRows"),
+      removed = longMetric("numRemovedStateRows"),
+      stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
+      indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
+      static = staticLoads.keys.map { i =>
+        i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
+          longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
+      }.toMap,
+      unmatched = nonPreserved.map(o => UnmatchedMetrics(longMetric(if (filters.contains(o)) s"semiDroppedInput$o" else s"nullPaddedInput$o"),
+        longMetric(s"unmatchedRowsInput$o"))))
+    val storeConfs = InputStateConf(conf)
+    // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
+    val serializableConf = sparkContext.broadcast(new SerializableHadoopConf(hadoopConf))
+    val self = this
+
+    // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is loaded); broadcast tables as rows.
+    val partitioned = children.indices.filter(j => layout.partitionClass(j).isDefined && staticLoads.get(j).forall(_.load))
+    val position = partitioned.zipWithIndex.toMap
+    val inputRdds = partitioned.map(children(_).execute())
+    val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(children(j).executeBroadcast[Array[InternalRow]]()))
+
+    def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
+      new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
+        metrics, storeConfs, serializableConf.value.value, statistics, writers => {
+          writers.foreach(w => self.setStoreMetrics(w.primary, false))
+          writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
+          self.setOperatorMetrics(writers.map(_.stores.size).sum)
+        })
+
+    val shuffled = (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
+      val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous, (context, read) => task(stage, context, read).shipping())
+      Some(ComboShuffle(mapSide, partitions, sparkContext))
+    }
+    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results())
+  }
+
+  /** A row's bytes as Spark estimates them from its schema. */
+  private def rowBytes(attributes: Seq[Attribute]): Double = attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
+
+  /** v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the routes' steps into it. */
+  private def probingRowBytes(j: Int, routes: Seq[ProbeRoute], outputs: Seq[Seq[Attribute]]): Double = {
+    val sizes = routes.flatMap(route => route.order.indexOf(j) match {
+      case p if p > 0 => Some(rowBytes(route.order.take(p).flatMap(outputs)))
+      case _ => None
+    })
+    if (sizes.isEmpty) 1.0 else sizes.sum / sizes.size
+  }
+
+  override def simpleString(maxFields: Int): String = {
+    val graph = joinGraph
+    val inputs = children.indices.map { i =>
+      val placement = layout.kinds(i) match {
+        case InputKind.StaticBroadcast => "static, broadcast"
+        case kind =>
+          val indexed = layout.indexes(i).map { ix =>
+            val keys = ix.classes.map(c => graph.classes(c).keyOf(i).get)
+            if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
+          }
+          val static = kind match {
+            case InputKind.Stream if outerJoins.contains(i) => "left outer: unmatched combinations wait for it, "
+            case InputKind.Stream if filters.contains(i) => "left semi: unmatched combinations wait for it, "
+            case InputKind.Stream => ""
+            case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
+            case _ => "static, read every batch, "
+          }
+          s"${static}partitioned by ${partitionKey(i).get}" +
+            (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
+      }
+      s"#$i ${inputLabels(i)} ($placement)"
+    }.mkString(", ")
+    val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !filters.contains(start) }.map { case (start, route) =>
+      s"#$start: " + StreamingUMJoinExec.routeText(route, layout.steps(graph, route))
+    }.take(maxFields).mkString("; ")
+    val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
+    // An outer join's ON clause decides which of its rows match; the other conditions drop combinations.
+    val conditions = graph.residuals.map(r => r.outer.map(o => s"ON #$o: ${r.condition}").getOrElse(r.condition.toString))
+    val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
+    s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
+      f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+  }
+
+  override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
+    copy(children = newChildren)
+}
+
+object StreamingUMJoinExec {
+
+  /** Where the layout of a StreamingUMJoin's state is recorded: beside its stores, in the checkpoint. */
+  def layoutFile(info: StatefulOperatorStateInfo): Path = new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
+
+  /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
+  def recordLayout(info: StatefulOperatorStateInfo, layoutJson: String, hadoopConf: Configuration): Unit = {
+    val file = layoutFile(info)
+    val files = CheckpointFileManager.create(file.getParent, hadoopConf)
+    if (!files.exists(file)) {
+      val out = files.createAtomic(file, overwriteIfPossible = true)
+      try out.write(layoutJson.getBytes(StandardCharsets.UTF_8)) catch {
+        case e: Throwable =>
+          out.cancel()
+          throw e
+      }
+      out.close()
+    }
+  }
+
+  /**
+   * A route as `explain()` shows it: `->` a step in the same task, `=>` the partial combinations
+   * shuffled to one partition of the next store, `=>*` sent to all its partitions.
+   */
+  def routeText(route: ProbeRoute, steps: Seq[RoutedStep]): String =
+    s"#${route.start}" + route.order.tail.zip(steps).map { case (input, step) =>
+      val arrow = step.reach match {
+        case Reach.Local => "->"
+        case Reach.ByKey(_) => "=>"
+        case Reach.AllPartitions => "=>*"
+      }
+      s" $arrow #$input"
+    }.mkString
+}
+
+/** A Hadoop configuration that travels to the tasks (Configuration itself is not serializable). */
+private final class SerializableHadoopConf(@transient var value: Configuration) extends Serializable {
+  private def writeObject(out: ObjectOutputStream): Unit = {
+    out.defaultWriteObject()
+    value.write(out)
+  }
+  private def readObject(in: ObjectInputStream): Unit = {
+    value = new Configuration(false)
+    value.readFields(in)
+  }
+}

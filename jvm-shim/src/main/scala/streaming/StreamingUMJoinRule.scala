@@ -1,0 +1,546 @@
+package umjoin.spark.streaming
+
+import java.nio.charset.StandardCharsets
+import java.util.{IdentityHashMap, UUID}
+
+import scala.collection.mutable
+
+import org.apache.hadoop.fs.Path
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeSet, EqualTo, ExprId, Expression, NamedExpression, PredicateHelper}
+import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
+import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
+import org.apache.spark.sql.catalyst.plans.{LeftOuter, LeftSemi, RightOuter}
+import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.joins.BaseJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+
+import umjoin.spark.UMJoinConf
+import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
+import umjoin.spark.core.cost.{JoinSizes, ProbeOrderPolicy}
+import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, TwoStepConvert}
+
+/**
+ * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
+ * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over; a group
+ * of one stream and static tables has none, and `stateInfo` is a new operator's. `marks` are the
+ * columns each input's rows carry for the late filters over partial combinations (see
+ * [[StreamingWatermarks]]), whose conditions are among the graph's residuals. `output` is what the
+ * StreamingUMJoin puts out: the group's output, or the input columns it is computed from, by
+ * `project`, when projections of the group compute some of it.
+ */
+final case class StreamingGroupPlan(
+    graph: JoinGraph,
+    inputs: Seq[SparkPlan],
+    layout: StreamingLayout,
+    stateInfo: StatefulOperatorStateInfo,
+    identity: Option[StreamingSymmetricHashJoinExec],
+    marks: Seq[Seq[Alias]],
+    watermarks: Option[JoinWatermarks],
+    output: Seq[Attribute],
+    project: Option[Seq[NamedExpression]],
+    lateRows: Seq[Option[Expression]],
+    evictable: Seq[Option[Expression]],
+    unmatchable: Option[Expression],
+    evictionWatermark: Option[Long])
+
+/**
+ * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
+ * stream-stream joins their state (operator ids, checkpoint, partitions, watermarks) and inserted
+ * their exchanges. TSC runs on this physical plan with the member patterns of `rules/streaming.yaml`;
+ * every group of inner equi-joins whose inputs are connected by join keys becomes one
+ * StreamingUMJoin, which keeps the top stream-stream join's state identity (operator id) and,
+ * through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark bookkeeping.
+ * A group of one stream and static tables, one of them stored, takes a new operator id
+ * ([[MicroBatchIdentity]]): Spark's stream-static joins keep no state to take over.
+ * The layout of its state (each input's partitioning key and indexes, the routes) is chosen by the
+ * probe-cost model when the query starts on a new checkpoint, and read from the checkpoint after.
+ * What cannot be converted keeps Spark's joins, and the reason is logged once per query run.
+ *
+ * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans stream-stream
+ * joins with its own strategy before any extension strategy and assigns state only to its built-in
+ * operators, so the only place that sees the joins together with their state is the prepared plan.
+ */
+final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[SparkPlan])
+  extends Rule[SparkPlan] with PredicateHelper with Logging {
+
+  private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf, PhysicalPatterns.keptAsInput)
+
+  override def apply(plan: SparkPlan): SparkPlan = {
+    val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
+    // Without a stream-stream join, a micro-batch may still join one stream with stored static tables,
+    // unless Spark plans it adaptively (as it does stateless micro-batches): then this rule sees one
+    // query stage at a time, and every stage, the static tables' scans too, runs in every batch.
+    lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
+    // (Spark applies its session's AQE setting to micro-batches without stateful operators.)
+    lazy val adaptive = session.sessionState.conf.adaptiveExecutionEnabled ||
+      plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
+    if (stateful.isEmpty && microBatch.isDefined && adaptive) {
+      if (plan.exists(_.isInstanceOf[BaseJoinExec]) && StreamingUMJoinRule.firstTime(microBatch.get.runId, StreamingUMJoinRule.AdaptiveStreamStatic))
+        logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
+      plan
+    } else if (stateful.isEmpty && microBatch.isEmpty) plan
+    else {
+      val conf = UMJoinConf.from(session.sessionState.conf)
+      val runId = stateful.headOption.map(_.getStateInfo.queryRunId).getOrElse(microBatch.get.runId)
+      // A group without a stream-stream join gets a new operator id, by its root's place among the plan's joins.
+      val joins = plan.collect { case j: BaseJoinExec => j }
+      def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
+        microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1, session.sessionState.conf.numShufflePartitions))
+      def unconverted(message: String): Unit = if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
+      // Groups are tried several times while being split; an input's first micro-batch is measured once.
+      val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
+      def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
+        measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
+      val mismatched = mutable.Map[Long, String]()
+      val accepted =
+        if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
+        else Nil
+      // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
+      if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
+        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins")
+      }
+      val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
+      accepted.foreach { case (group, p) => plans.put(group.root, p) }
+      checkCheckpoint(plan, accepted.flatMap(_._2.identity), mismatched)
+      tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
+    }
+  }
+
+  /**
+   * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
+   * state is either UMJoin's (one store per stream, under the top join's operator id, with its
+   * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
+   * this names the problem instead (`mismatched`: why the groups tried did not fit an operator's recorded layout).
+   */
+  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec], mismatched: scala.collection.Map[Long, String]): Unit = {
+    lazy val hadoopConf = session.sessionState.newHadoopConf()
+    plan.foreach {
+      case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
+        val info = join.getStateInfo
+        val layout = StreamingUMJoinExec.layoutFile(info)
+        val fs = layout.getFileSystem(hadoopConf)
+        val hasLayout = fs.exists(layout)
+        // Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named umjoin-input-<i>.
+        val partition0 = new Path(layout.getParent, "0")
+        val hasUMJoinStores = fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
+        val hasUMJoinState = hasLayout || hasUMJoinStores
+        val isUMJoin = identities.exists(_ eq join)
+        if (isUMJoin && hasUMJoinStores && !hasLayout) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
+            s"${info.operatorId} written by an earlier version of UMJoin, whose state layout this version cannot read. Use a new " +
+            s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
+        }
+        if (isUMJoin && !hasUMJoinState) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
+            s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
+            s"spark.umjoin.enabled=false, or use a new checkpoint location to run this query with UMJoin.")
+        }
+        if (!isUMJoin && hasUMJoinState) {
+          mismatched.get(info.operatorId).foreach(refusal => throw new IllegalStateException(refusal))
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
+            s"${info.operatorId}, but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is false, or the " +
+            s"join no longer converts). Restart with the settings the checkpoint was written with, or use a new checkpoint location.")
+        }
+      case _ =>
+    }
+  }
+
+  /**
+   * Where a projection no member pattern admits sits between `root` and a stream-stream join above
+   * it, that projection, which cuts the join tree into groups: said with the reason a group stays.
+   */
+  private def cutBy(plan: SparkPlan, root: SparkPlan): String = {
+    def parentOf(node: SparkPlan): Option[SparkPlan] = plan.collectFirst { case p if p.children.exists(_ eq node) => p }
+    def above(node: SparkPlan): Option[SparkPlan] = parentOf(node).flatMap {
+      case p @ (_: ShuffleExchangeExec | _: SortExec) => above(p)
+      case p => Some(p)
+    }
+    above(root) match {
+      case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty && p.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec]) &&
+          plan.exists(j => j.isInstanceOf[StreamingSymmetricHashJoinExec] && j.children.exists(_.exists(_ eq p))) =>
+        val computed = p.projectList.filterNot(_.deterministic).map(_.sql)
+        s"; the projection [${p.projectList.map(_.sql).mkString(", ")}] above it cuts it from the stream-stream join above: " +
+          (if (computed.nonEmpty) s"its columns ${computed.mkString(", ")} are not deterministic (a StreamingUMJoin would compute them once per result row, not once per intermediate row)"
+          else "rules/streaming.yaml admits no such projection into a join group")
+      case _ => ""
+    }
+  }
+
+  /**
+   * A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k = y_k`
+   * (without expression ids, which change from one micro-batch to the next: a reason is told once).
+   */
+  private def describe(node: SparkPlan): String = node match {
+    case j: StreamingSymmetricHashJoinExec =>
+      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys).map { case (l, r) => s"${l.sql} = ${r.sql}" }.mkString(" AND ")}"
+    case other => other.nodeName
+  }
+
+  /**
+   * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
+   * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`).
+   * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
+   */
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
+      compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
+      mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
+    val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
+    val unmarked = group.inputs.map(placeable)
+    val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
+    val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
+    // Columns the group's projections compute (renamed, re-marked or computed), as expressions over the inputs' columns.
+    val aliases: Map[ExprId, Expression] =
+      group.members.collect { case p: ProjectExec => p.projectList.collect { case a: Alias => a.exprId -> a.child } }.flatten.toMap
+    def resolve(e: Expression): Expression = e.transformUp { case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId)) }
+    def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
+      (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
+    val onTop = topJoinOf(group, kinds)
+    val topJoin = onTop.toOption.flatten
+    val conjuncts = group.members.flatMap {
+      case j: StreamingSymmetricHashJoinExec if topJoin.exists(_._1 eq j) => Nil
+      case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
+      case j: BaseJoinExec =>
+        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
+      case f: FilterExec => splitConjunctivePredicates(f.condition)
+      case _ => Nil
+    }.map(resolve)
+    val lateFilters = sideLateFilters(group, stateful, kinds, resolve)
+    val joinWatermarks = JoinWatermarks.of(group, stateful)
+    val filters = lateFilters.getOrElse(Nil)
+    val unmarkedOutputs = unmarked.map(_.output)
+    val combined = filters.filterNot(_.atArrival(unmarkedOutputs))
+    val marks = unmarked.indices.map(i => combined.filter(_.streams.contains(i)).map(StreamingWatermarks.mark))
+    val inputs = unmarked.zip(marks).map { case (input, m) => if (m.isEmpty) input else ProjectExec(input.output ++ m, input) }
+    val outputs = inputs.map(_.output)
+    // The group's output computed from the inputs' columns; the StreamingUMJoin puts out those it reads.
+    val resultColumns = group.root.output.map(a => a -> resolve(a))
+    val computed = resultColumns.exists { case (a, e) => !(e.isInstanceOf[Attribute] && e.asInstanceOf[Attribute].exprId == a.exprId) }
+    val read = AttributeSet(resultColumns.flatMap(_._2.references))
+    val resultInputs = outputs.flatten.filter(read.contains).distinct
+    val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
+    // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
+    val recorded = stateful.isEmpty && stateInfo.exists(hasLayout)
+    if (streams.isEmpty) Left("it reads no stream")
+    else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
+    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
+      "broadcast or read again every micro-batch (spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), " +
+      "which Spark's stream-static joins do as well, without state")
+    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && ranBefore(stateInfo.get)))
+      Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
+        s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
+    else if (onTop.isLeft) Left(onTop.swap.toOption.get)
+    else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
+    else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
+    else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
+        filterJoins = topJoin.collect { case (j, o) if j.joinType == LeftSemi => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
+        outerJoins = topJoin.collect { case (j, o) if j.joinType != LeftSemi => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
+      val conditions = conjuncts ++ topJoin.toSeq.flatMap(o => joinConjuncts(o._1))
+      // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
+      val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
+      // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
+      def unmatchable(watermark: Long): Option[Expression] = topJoin.flatMap { case (_, o) =>
+        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark, checked)
+      }
+      // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
+      val lateConditions = combined.flatMap { f =>
+        f.streams.map { r =>
+          val mark = outputs(r).find(_.name == StreamingWatermarks.mark(f).name).get
+          ResidualCondition(StreamingWatermarks.notLate(f, mark), inputs.indices.filter(i => f.time.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet + r)
+        }
+      }
+      if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
+      else if (topJoin.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoin.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.get)
+      else if (topJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(topJoin.get._1)} bound when a " +
+        "combination of its preserved side can no longer find a match, so none would ever be let go")
+      else {
+        val info = stateInfo.get
+        def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
+          val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
+          Right(StreamingGroupPlan(
+            graph = graph.copy(residuals = graph.residuals ++ lateConditions),
+            inputs = inputs,
+            layout = layout,
+            stateInfo = info,
+            identity = stateful.headOption,
+            marks = marks,
+            watermarks = joinWatermarks.toOption.flatten,
+            output = if (!computed) group.root.output else resultInputs.map { a =>
+              // An outer join pads its non-preserved input's columns with NULLs.
+              if (topJoin.exists { case (j, o) => j.joinType != LeftSemi && AttributeSet(outputs(o)).contains(a) }) a.withNullability(true) else a
+            },
+            project = Option.when(computed)(resultColumns.map {
+              case (a, e: Attribute) if e.exprId == a.exprId => a
+              case (a, e) => Alias(e, a.name)(a.exprId, a.qualifier, Some(a.metadata))
+            }),
+            lateRows = inputs.indices.map(i => if (kinds(i) != InputKind.Stream) None else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
+            evictable = inputs.indices.map { i =>
+              if (kinds(i) != InputKind.Stream) None
+              else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams, checked)
+            },
+            unmatchable = evictionWatermark.flatMap(unmatchable),
+            evictionWatermark = evictionWatermark))
+        }
+        recordedLayout(info, graph, outputs).map(_.getOrElse {
+          val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
+          val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
+            case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
+              s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
+            case None => estimatedSizes(inputs, kinds, graph)
+          }
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes)
+          logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
+          chosen
+        }) match {
+          // A checkpoint written for another group: this group does not run; if no group with this
+          // operator's state runs, the checkpoint check tells why (splitting tries several groups).
+          case Left(refusal) if stateful.isEmpty => throw new IllegalStateException(refusal)
+          case Left(refusal) =>
+            mismatched(info.operatorId) = refusal
+            Left(refusal)
+          case Right(layout) => plannedWith(layout)
+        }
+      }
+    }
+  }
+
+  /**
+   * The group's outer or semi stream-stream join and the index of its non-preserved input, or why
+   * the group cannot run it: one such join, with no join or filter of the group above it (the
+   * combination it pads with NULLs, or lets through, is then a result row as it is), whose
+   * non-preserved side is one stream.
+   */
+  private def topJoinOf(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind]): Either[String, Option[(StreamingSymmetricHashJoinExec, Int)]] =
+    group.members.collect { case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j } match {
+      case Seq() => Right(None)
+      case Seq(j) =>
+        val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
+        val input = group.inputs.indexWhere(_ eq nonPreserved)
+        val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
+        val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
+        if (above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
+          Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs an outer or semi join on top of its group only)")
+        else if (input < 0 || nonPreserved.exists(isJoin))
+          Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
+        else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
+        else Right(Some((j, input)))
+      case several => Left(s"it has ${several.size} outer or semi stream-stream joins (a streaming UMJoin runs one, on top of its group)")
+    }
+
+  /**
+   * Why the outer or semi join of non-preserved input `o` cannot run in a streaming UMJoin, if it
+   * cannot: its combinations wait for a match in `o`'s partition, found by one key, and checked by
+   * the join's own condition alone.
+   */
+  private def topJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
+    val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
+    if (keys.size != 1) Some(s"its ${describe(join)} has ${keys.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
+    else if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))
+      Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
+    else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
+    else None
+  }
+
+  /**
+   * Whether the operator committed its stores in the previous micro-batch (so this one can read
+   * them): the first stored input's store in partition 0 has a file of this batch's version, as
+   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).
+   */
+  private def ranBefore(info: StatefulOperatorStateInfo): Boolean = {
+    val operator = StreamingUMJoinExec.layoutFile(info).getParent
+    val partition0 = new Path(operator, "0")
+    val fs = partition0.getFileSystem(session.sessionState.newHadoopConf())
+    fs.exists(partition0) && fs.listStatus(partition0).filter(_.isDirectory).exists { store =>
+      fs.listStatus(store.getPath).exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") || f.getPath.getName.startsWith(s"${info.storeVersion}_"))
+    }
+  }
+
+  private def hasLayout(info: StatefulOperatorStateInfo): Boolean = {
+    val file = StreamingUMJoinExec.layoutFile(info)
+    file.getFileSystem(session.sessionState.newHadoopConf()).exists(file)
+  }
+
+  /** The layout recorded for the operator (None: not yet), or why this group cannot continue its state, said for people. */
+  private def recordedLayout(info: StatefulOperatorStateInfo, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Either[String, Option[StreamingLayout]] = {
+    val file = StreamingUMJoinExec.layoutFile(info)
+    val fs = file.getFileSystem(session.sessionState.newHadoopConf())
+    def refusal(reason: String): String = s"The checkpoint ${info.checkpointLocation} holds " +
+      s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
+      s"checkpoint was written for, or use a new checkpoint location."
+    if (!fs.exists(file)) Right(None)
+    else {
+      val text = try {
+        val in = fs.open(file)
+        try Right(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
+      } catch {
+        case e: java.io.IOException => Left(refusal(s"its layout record $file cannot be read (${e.getMessage})"))
+      }
+      text.flatMap(StreamingLayout.fromJson(_, graph, outputs).map(Some(_)).left.map(refusal))
+    }
+  }
+
+  /**
+   * The probe-cost model's statistics where the first micro-batch could not be measured (an input
+   * keeps state of its own, or no input had rows): each input's rows as Spark estimates them from
+   * the plan; without an estimate for every stream, none (all choices then differ only in how often
+   * they send a row to every partition).
+   */
+  private def estimatedSizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind], graph: JoinGraph): (JoinSizes, String) = {
+    val rows = inputs.map(estimatedRows).toIndexedSeq
+    val known = kinds.indices.forall(i => kinds(i) != InputKind.Stream || rows(i).exists(_ > 0))
+    if (known) {
+      val sizes = JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)), graph.classes.map(_.inputs).toIndexedSeq)
+      (sizes, s"Spark's plan estimates: rows [${sizes.rates.map(_.toLong).mkString(", ")}]")
+    } else (JoinSizes.uniform(inputs.size, graph.classes.size), "none (every join counted one-to-one)")
+  }
+
+  private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
+    case Some(logical) =>
+      val stats = logical.stats
+      Some(stats.rowCount.map(_.toDouble).getOrElse((stats.sizeInBytes / EstimationUtils.getSizePerRow(logical.output).max(1)).toDouble))
+    case None => plan.children.headOption.flatMap(estimatedRows)
+  }
+
+  /**
+   * The late filter of every side of the group's stream-stream joins that has an event-time column
+   * (as Spark finds it: the side's one column marked by a watermark), or why the group cannot
+   * reproduce them. `resolve` turns a column of the group's projections into an expression over its inputs.
+   */
+  private def sideLateFilters(group: MultiJoinGroup[SparkPlan], stateful: Seq[StreamingSymmetricHashJoinExec],
+      kinds: IndexedSeq[InputKind], resolve: Expression => Expression): Either[String, Seq[SideLateFilter]] = {
+    val sides = stateful.flatMap(j => Seq((j, j.left, "left"), (j, j.right, "right")))
+    val found = sides.map { case (j, side, name) =>
+      val times = side.output.filter(_.metadata.contains(EventTimeWatermark.delayKey))
+      if (times.map(_.exprId).distinct.size > 1)
+        Left(s"the $name side of its ${describe(j)} has several event-time columns (${times.map(_.name).distinct.mkString(", ")}), " +
+          "which Spark's stream-stream join refuses (MULTIPLE_EVENT_TIME_COLUMNS)")
+      else times.headOption.map(resolve) match {
+        case Some(time) if !time.deterministic =>
+          Left(s"the event-time column of the $name side of its ${describe(j)} is computed by ${time.sql}, which is not deterministic")
+        case Some(time) =>
+          val below = group.inputs.indices.filter(i => kinds(i) == InputKind.Stream && side.exists(_ eq group.inputs(i)))
+          Right(Option.when(below.nonEmpty)(SideLateFilter(s"op${j.getStateInfo.operatorId}_$name", below, time, j.eventTimeWatermarkForLateEvents)))
+        case None => Right(None)
+      }
+    }
+    found.collectFirst { case Left(reason) => reason }.toLeft(found.flatMap(_.toOption.flatten))
+  }
+
+  private def kindOf(input: SparkPlan, storeStatic: Boolean): InputKind =
+    if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
+    else input match {
+      case _: BroadcastExchangeExec => InputKind.StaticBroadcast
+      case _ if storeStatic && StaticVersions.versionable(placeable(input)) => InputKind.StaticStored
+      case _ => InputKind.StaticPartitioned
+    }
+
+  /** An input without the exchange or sort Spark put on it for the join it fed: the StreamingUMJoin places its inputs itself. */
+  private def placeable(input: SparkPlan): SparkPlan = input match {
+    case s: SortExec => placeable(s.child)
+    case e: ShuffleExchangeExec => e.child
+    case b: BroadcastExchangeExec => b.child
+    case other => other
+  }
+
+  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
+    val info = plan.stateInfo
+    val partitions = info.numPartitions
+    val layout = plan.layout
+    // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
+    // policy's routes may not all reach (they change the inputs bound before a store).
+    val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
+    else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
+      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its routes instead of choosing them by " +
+        s"${conf.probeOrder.policy.name}: its outer or semi join's non-preserved side is probed last in every route"
+      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
+    } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
+      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its recorded routes instead of choosing them by " +
+        s"${conf.probeOrder.policy.name}: its checkpoint's state was laid out for the fixed probe order; use a new checkpoint location to probe adaptively"
+      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
+    }
+    // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else above the StreamingUMJoin.
+    val replaced = group.members.collect { case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j }
+    def throughReplaced(input: SparkPlan, joins: Seq[(StreamingSymmetricHashJoinExec, Long)]): SparkPlan =
+      joins.foldLeft(input) { case (child, (j, shift)) => StreamingUMJoinMemberExec(j.stateInfo, shift, child) }
+    val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
+      val marked = if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
+      layout.partitionClass(j) match {
+        case Some(c) =>
+          val placed = partitionedBy(marked, plan.graph.classes(c).keyOf(j).get, partitions)
+          plan.watermarks.filter(_.carrier == j).fold(placed)(w => throughReplaced(placed, w.chain))
+        case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
+      }
+    }
+    require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined), "the stream carrying the watermarks is partitioned")
+    val umjoin = StreamingUMJoinExec(
+      output = plan.output,
+      inputLabels = converted.map(label),
+      classInputs = plan.graph.classes.map(_.members.map(_._1)),
+      classKeys = plan.graph.classes.map(_.members.map(_._2)),
+      residuals = plan.graph.residuals.map(_.condition),
+      residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
+      filters = plan.graph.filters,
+      outerJoins = plan.graph.outer,
+      residualOuter = plan.graph.residuals.map(_.outer),
+      unmatchable = plan.unmatchable,
+      layout = layout,
+      probeOrder = probeOrder,
+      lateRows = plan.lateRows,
+      evictable = plan.evictable,
+      stateTtlMs = conf.stateTtlMs,
+      stateCacheRows = conf.stateCacheRows,
+      staticCache = conf.staticCache,
+      stateInfo = Some(info),
+      eventTimeWatermarkForEviction = plan.evictionWatermark,
+      outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
+      children = children)
+    logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
+    val joined = if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))
+    plan.project.fold(joined)(ProjectExec(_, joined))
+  }
+
+  /** The input hash-partitioned on its key into the state's partitions. */
+  private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
+    ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
+
+  /**
+   * What an input reads: its files' directory (a file source: a micro-batch reads a stream's files
+   * by name, a static table by its directory), else its leaf's name.
+   */
+  private def label(input: SparkPlan): String = input.collectLeaves().map {
+    case scan: FileSourceScanExec =>
+      val directory = (p: Path) => if (PhysicalPatterns.isStreaming(scan)) Option(p.getParent).getOrElse(p) else p
+      scan.relation.location.rootPaths.headOption.map(p => directory(p).getName).getOrElse("files")
+    case leaf => leaf.nodeName
+  }.distinct.mkString("+")
+}
+
+object StreamingUMJoinRule {
+  private val logged = mutable.LinkedHashSet[(UUID, String, Boolean)]()
+
+  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them: Spark plans its " +
+    "micro-batches adaptively (a query without a stream-stream join), which re-reads every static table every batch; " +
+    "set spark.sql.adaptive.enabled=false for the query to store its large static tables in a StreamingUMJoin"
+
+  /**
+   * Whether `message` is new for this query run: what the rule says (why a group stays as Spark
+   * planned it, `unconverted`, or another note) is logged once, not every micro-batch.
+   */
+  def firstTime(runId: UUID, message: String, unconverted: Boolean = true): Boolean = logged.synchronized {
+    if (logged.size > 10000) logged.clear()
+    logged.add((runId, message, unconverted))
+  }
+
+  /** What stayed as Spark planned it in a query run, and why (the messages logged at INFO), in the order first seen. */
+  def unconverted(runId: UUID): Seq[String] = logged.synchronized(logged.toSeq.collect { case (`runId`, message, true) => message })
+}
