@@ -9,7 +9,6 @@ from typing import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from bench import with_testkit
 from umjoin import tpch
 from umjoin.local import local_builder
 
@@ -23,6 +22,8 @@ UMJOIN_TPCH_QUERIES = tuple(int(q[1:]) for q, groups in json.loads(GOLDEN.read_t
 
 def session_builder() -> SparkSession.Builder:
     """The test session: local[2], 4 shuffle partitions, no UI; UMJoin and the testkit jar configured."""
+    from bench import with_testkit  # (imported here: scripts that import this module run without the clone on their path)
+
     return with_testkit(local_builder("umjoin-tests"))
 
 

@@ -174,7 +174,7 @@ def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkS
     t_file = tmp_path / "t" / "t.csv"
     tables = [random_table(rng), random_table(rng)]
     phases = [(*phase_data(rng), table_rows(tables[p])) for p in range(2)]
-    loads = []
+    loads, runs = [], []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB, "spark.umjoin.staticCache": "ssbj"}):
         for p in range(2):
             write_table(t_file, tables[p], 2_000_000 + p)
@@ -187,14 +187,18 @@ def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkS
             query.awaitTermination()
             number, _ = static_input(executed_plan(query))
             loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
+            runs.append(query.runId)
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert loads == [1, 1]
     assert rows == expected_join(phases) and len(rows) > 0
-    jvm = spark._jvm.umjoin.spark.streaming  # type: ignore[union-attr]
+    registry = spark._jvm.umjoin.spark.streaming.StreamingRegistry  # type: ignore[union-attr]
+    uuid = spark._jvm.java.util.UUID  # type: ignore[union-attr]
+    def held() -> int:
+        return sum(registry.heldFor(uuid.fromString(run)) for run in runs)
     deadline = time.time() + 20
-    while (jvm.StaticVersions.tracked() or jvm.StaticCaches.count()) and time.time() < deadline:
+    while held() and time.time() < deadline:
         time.sleep(0.2)
-    assert jvm.StaticVersions.tracked() == 0 and jvm.StaticCaches.count() == 0, "kept after their queries stopped"
+    assert held() == 0, "the static tables' loads and caches were kept after their queries stopped"
 
 
 @pytest.mark.parametrize("why", ["nondeterministic", "staticTables=reread"])

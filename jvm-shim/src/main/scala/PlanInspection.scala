@@ -13,7 +13,7 @@ import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStag
 
 import umjoin.spark.batch.InputLabels
 import umjoin.spark.core.tsc.{LogicalPatterns, MultiJoin, TwoStepConvert}
-import umjoin.spark.streaming.StreamingUMJoinRule
+import umjoin.spark.streaming.StreamingRegistry
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
 object PlanInspection {
@@ -61,7 +61,7 @@ object PlanInspection {
 
   /** Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a JSON array of messages. */
   def unconvertedStreamingJoins(runId: String): String =
-    compact(render(JArray(StreamingUMJoinRule.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
+    compact(render(JArray(StreamingRegistry.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
 
   /**
    * Runs both TSC steps on a logical plan with the session's batch member patterns, without any

@@ -19,8 +19,8 @@ import org.apache.spark.storage.StorageLevel
 import umjoin.spark.UMJoinConf
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.JoinGraph
-import umjoin.spark.core.cost.{ProbeCounters, ProbeOrder, ProbeRoute, StatisticsHistory, StoreStructure}
-import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, ProbeSteps, StoreIndex}
+import umjoin.spark.core.cost.{AdaptiveRouter, ProbeCounters, ProbeOrder, StoreStructure}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, ProbeSteps, Route, StoreIndex}
 import umjoin.spark.core.store.{AppendableStore, JoinStores, StateBackend, StoreMetrics}
 
 /** One replay: the initial probe order (input indexes, most preferred first) and the spark.umjoin.* settings it runs with. */
@@ -190,8 +190,8 @@ private final class ReplayTask(
   private val counters = new ProbeCounters(n)
 
   // A route compiled once: policies often return to a route they left (code generation costs milliseconds).
-  private val compiled = mutable.HashMap[ProbeRoute, ProbeCore]()
-  private def core(route: ProbeRoute): ProbeCore = compiled.getOrElseUpdate(route, new ProbeCore(
+  private val compiled = mutable.HashMap[Route, ProbeCore]()
+  private def core(route: Route): ProbeCore = compiled.getOrElseUpdate(route, new ProbeCore(
     CompiledRoute(ProbeSteps.along(graph, route, indexesOf), outputs, result, (input, index) => stores((input, index)),
       UMJoinExec.hashable, metrics, context.partitionId()),
     Some(metrics(route.start).rowsIn), Some(outputRows), context, Option.when(settings.adaptive)(counters)))
@@ -199,7 +199,7 @@ private final class ReplayTask(
   def replay(arrivals: Array[Long]): ReplayResult = {
     val routes = Array.tabulate(n)(s => ProbeOrder.following(probeGraph, s, run.initialOrder))
     val cores = routes.map(core)
-    val history = new StatisticsHistory(settings.history)
+    val router = new AdaptiveRouter(settings, probeGraph, settings.costModel(structure), routes.map(r => r.start -> r).toMap)
     val hash = if (checksum) UnsafeProjection.create(Seq(new XxHash64(result)), result) else null
     var (produced, sum, changes, cycles) = (0L, 0L, 0L, 0L)
     val started = System.nanoTime()
@@ -207,15 +207,12 @@ private final class ReplayTask(
     while (k < arrivals.length) {
       if (settings.adaptive && k > 0 && k % settings.cycleRows == 0 && !counters.isEmpty) {
         cycles += 1
-        history.add(counters.cycle((0 until n).map(i => stores((i, indexesOf(i).head)).keyCount.toDouble)))
+        router.record(counters, (0 until n).map(i => stores((i, indexesOf(i).head)).keyCount.toDouble))
         counters.reset()
-        val chosen = settings.policy.routes(probeGraph, history.forecast(settings.smoothing), settings.costModel(structure), 0 until n)
-        (0 until n).foreach { s =>
-          if (chosen(s) != routes(s)) {
-            routes(s) = chosen(s)
-            cores(s) = core(chosen(s))
-            changes += 1
-          }
+        router.choose().foreach { s =>
+          routes(s) = router.routes(s)
+          cores(s) = core(routes(s))
+          changes += 1
         }
       }
       val input = (arrivals(k) >>> 32).toInt

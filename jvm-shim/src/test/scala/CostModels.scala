@@ -3,7 +3,8 @@ package umjoin.spark.testkit
 import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
-import umjoin.spark.core.cost.{CacheModel, CostGraph, CostModel, CycleStatistics, JoinSizes, KeyStatistics, ProbeCost, ProbeGraph, ProbeOrder, ProbeOrderPolicy, ProbeRoute, Smoothing, StatisticsHistory, StoreStructure, StreamRateForecast}
+import umjoin.spark.core.cost.{CacheModel, CostGraph, CostModel, CycleStatistics, JoinSizes, KeyStatistics, ProbeCost, ProbeGraph, ProbeOrder, ProbeOrderPolicy, Smoothing, StatisticsHistory, StoreStructure, StreamRateForecast}
+import umjoin.spark.core.probe.Route
 
 /**
  * The cost models, asked directly by the tests (not part of the UMJoin jar: the testkit jar is built
@@ -93,7 +94,7 @@ object CostModels {
       }
       case other => bad("groups", other)
     }
-    def routesJson(routes: Map[Int, ProbeRoute]): JValue =
+    def routesJson(routes: Map[Int, Route]): JValue =
       JObject(routes.toList.sortBy(_._1).map { case (s, r) => s.toString -> JArray(r.order.map(i => JInt(i)).toList) })
     val alone = groups.map { case (graph, _, sizes) =>
       val choice = ProbeCost.optimize(graph, sizes, partitions)

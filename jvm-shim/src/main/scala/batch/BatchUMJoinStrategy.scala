@@ -32,7 +32,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     plan match {
       // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
       case join: Join if conf.enabled && !join.isStreaming =>
-        GroupSplitting.groupAt(join, tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle) match {
+        new GroupSplitting[LogicalPlan, UMJoinPlan](tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle).groupAt(join) match {
           case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
           case Left(reason) =>
             logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
@@ -127,17 +127,12 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     }
 
   private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, probeOrder: ProbeOrderSettings): UMJoinExec = {
-    val graph = plan.graph
+    val (graphShape, graphExpressions) = plan.graph.split
     UMJoinExec(
       output = group.root.output,
       inputLabels = group.inputs.map(InputLabels.of),
-      classInputs = graph.classes.map(_.members.map(_._1)),
-      classKeys = graph.classes.map(_.members.map(_._2)),
-      residuals = graph.residuals.map(_.condition),
-      residualInputs = graph.residuals.map(_.inputs.toSeq.sorted),
-      filters = graph.filters,
-      outerJoins = graph.outer,
-      residualOuter = graph.residuals.map(_.outer),
+      graphShape = graphShape,
+      graphExpressions = graphExpressions,
       indexes = plan.indexes,
       route = plan.route,
       probeOrder = probeOrder,

@@ -6,8 +6,7 @@ import org.apache.spark.sql.catalyst.expressions.Expression
 import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.core.JoinGraph
-import umjoin.spark.core.cost.ProbeRoute
-import umjoin.spark.core.probe.StoreIndex
+import umjoin.spark.core.probe.{Route, StoreIndex}
 
 /** How an input's rows reach the tasks of a UMJoin. */
 sealed trait InputPlacement
@@ -31,7 +30,7 @@ final case class InputFacts(sizeInBytes: BigInt, canBroadcast: Boolean, mustBroa
  * it shares with the inputs probed before it; with an adaptive one, an index on each class it shares
  * with another input, so that any valid route can run.
  */
-final case class UMJoinPlan(graph: JoinGraph, placements: Seq[InputPlacement], route: ProbeRoute, indexes: Seq[Seq[StoreIndex]]) {
+final case class UMJoinPlan(graph: JoinGraph, placements: Seq[InputPlacement], route: Route, indexes: Seq[Seq[StoreIndex]]) {
   def streamed: Int = route.start
 }
 
@@ -102,7 +101,7 @@ object UMJoinPlan {
    * bound (and from one of those); filters (semi and anti joins) last, their conditions reading the
    * inputs bound before. None when some input can never be probed from `streamed`.
    */
-  def fixedRoute(graph: JoinGraph, streamed: Int): Option[ProbeRoute] = {
+  def fixedRoute(graph: JoinGraph, streamed: Int): Option[Route] = {
     val order = mutable.ArrayBuffer(streamed)
     val edges = mutable.ArrayBuffer[(Int, Int)]()
     def shareClass(a: Int, b: Int): Boolean = graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
@@ -121,6 +120,6 @@ object UMJoinPlan {
         case None => return None
       }
     }
-    Some(ProbeRoute(streamed, edges.toSeq))
+    Some(Route(streamed, edges.toSeq))
   }
 }

@@ -15,21 +15,19 @@ final case class Cut[T](node: T, inputsBelow: Set[Int])
  * whole group cannot (its inputs cannot be distributed, or are not all connected by keys), the
  * group is split at one of its joins and tried again: the split-off subtree becomes an input of the
  * rest and forms its own groups when it is planned in turn. A plan that works may still ask for a
- * cut (`preferredCut`), e.g. to run some joins before a shuffle.
+ * cut (`preferredCut`), e.g. to run some joins before a shuffle. `tryPlan` plans a group for the
+ * path (batch or streaming), or says why it cannot run as one UMJoin.
  */
-object GroupSplitting {
-
-  /** Why `groupAt` declines a node that roots no group at all (not worth telling anyone). */
-  val NotAGroupRoot = "it is not the root of a join group"
+final class GroupSplitting[T <: TreeNode[T], P](
+    tsc: TwoStepConvert[T],
+    roleOf: T => Option[MemberRole],
+    minInputs: Int,
+    tryPlan: MultiJoinGroup[T] => Either[String, P],
+    preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]] = (_: MultiJoinGroup[T], _: P, _: Seq[Cut[T]]) => None) {
+  import GroupSplitting.NotAGroupRoot
 
   /** Either the group rooted at `root` with its accepted plan, or why `root` is not converted. */
-  def groupAt[T <: TreeNode[T], P](
-      root: T,
-      tsc: TwoStepConvert[T],
-      roleOf: T => Option[MemberRole],
-      minInputs: Int,
-      tryPlan: MultiJoinGroup[T] => Either[String, P],
-      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]]): Either[String, (MultiJoinGroup[T], P)] = {
+  def groupAt(root: T): Either[String, (MultiJoinGroup[T], P)] = {
 
     def rootGroup(splitAt: Seq[T]): Option[MultiJoinGroup[T]] =
       tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
@@ -75,15 +73,8 @@ object GroupSplitting {
    * (`TwoStepConvert.getMultiJoinNode`), which replaces exactly these groups. `declined` hears of
    * every group root left as it is, with the reason.
    */
-  def acceptedGroups[T <: TreeNode[T], P](
-      root: T,
-      tsc: TwoStepConvert[T],
-      roleOf: T => Option[MemberRole],
-      minInputs: Int,
-      tryPlan: MultiJoinGroup[T] => Either[String, P],
-      preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]],
-      declined: (T, String) => Unit = (_: T, _: String) => ()): Seq[(MultiJoinGroup[T], P)] = {
-    def accepted(node: T): Seq[(MultiJoinGroup[T], P)] = groupAt(node, tsc, roleOf, minInputs, tryPlan, preferredCut) match {
+  def acceptedGroups(root: T, declined: (T, String) => Unit = (_: T, _: String) => ()): Seq[(MultiJoinGroup[T], P)] = {
+    def accepted(node: T): Seq[(MultiJoinGroup[T], P)] = groupAt(node) match {
       case Right((group, plan)) => (group, plan) +: group.inputs.flatMap(accepted)
       case Left(reason) =>
         if (reason != NotAGroupRoot) declined(node, reason)
@@ -97,7 +88,7 @@ object GroupSplitting {
    * members right above it (so the cut-off input keeps their projection). Breadth-first order, so
    * ties keep cuts near the root.
    */
-  private def cuts[T <: TreeNode[T]](group: MultiJoinGroup[T], roleOf: T => Option[MemberRole]): Seq[Cut[T]] = {
+  private def cuts(group: MultiJoinGroup[T], roleOf: T => Option[MemberRole]): Seq[Cut[T]] = {
     def isMember(node: T): Boolean = group.members.exists(_ eq node)
     val outputOf = group.members.flatMap(m => m.children.filter(isMember).map(c => (c, m)))
     def output(node: T): Option[T] = outputOf.collectFirst { case (c, m) if c eq node => m }
@@ -111,4 +102,9 @@ object GroupSplitting {
     group.members.filter(m => (m ne group.root) && roleOf(m).contains(MemberRole.Join))
       .map(join => Cut(chainTop(join), inputsBelow(join)))
   }
+}
+
+object GroupSplitting {
+  /** Why `groupAt` declines a node that roots no group at all (not worth telling anyone). */
+  val NotAGroupRoot = "it is not the root of a join group"
 }

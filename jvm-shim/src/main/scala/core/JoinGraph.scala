@@ -8,6 +8,8 @@ import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftAnti, LeftOuter
 import org.apache.spark.sql.catalyst.util.UnsafeRowUtils
 import org.apache.spark.sql.types.{ArrayType, DataType, DoubleType, FloatType, MapType, StructType, UserDefinedType}
 
+import umjoin.spark.core.probe.StepRule
+
 /**
  * A join key equivalence class: expressions, each over one input, that all conditions of the group
  * make equal. `members` holds (input index, key expression); an input may appear more than once.
@@ -60,8 +62,8 @@ final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Se
   /** Inputs whose rows are bound into combinations: all but the filters. */
   def joined: Seq[Int] = (0 until numInputs).filterNot(filters.contains)
 
-  /** How input i's step treats a combination: Inner, LeftSemi or LeftAnti (a filter), LeftOuter (an outer join's non-preserved side). */
-  def stepType(i: Int): JoinType = filters.getOrElse(i, if (outer.contains(i)) LeftOuter else Inner)
+  /** How input i's step treats a combination: inner, semi or anti (a filter), outer (an outer join's non-preserved side). */
+  def stepRule(i: Int): StepRule = StepRule.of(filters.getOrElse(i, if (outer.contains(i)) LeftOuter else Inner))
 
   /** The inputs an outer input's ON clause reads besides it: all bound before it is probed. */
   def onInputs(outerInput: Int): Set[Int] =
@@ -90,26 +92,37 @@ final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Se
     reached.size == inputs.size
   }
 
+  /**
+   * The graph as a physical UMJoin node keeps it: its shape, and its expressions (the classes' keys,
+   * then the residual conditions) in a field of their own, where Catalyst's expression transforms
+   * (canonicalization, exchange reuse, subquery planning) reach them.
+   */
+  def split: (GraphShape, Seq[Expression]) =
+    (GraphShape(numInputs, classes.map(_.members.map(_._1)), residuals.map(_.inputs.toSeq.sorted), residuals.map(_.outer), filters, outer),
+      classes.flatMap(_.members.map(_._2)) ++ residuals.map(_.condition))
+
   /** Classes in which both `input` and one of `bound` take part: the key of probing `input` after `bound`. */
   def sharedClasses(input: Int, bound: Set[Int]): Seq[Int] =
     classes.indices.filter(i => classes(i).inputs.contains(input) && classes(i).inputs.exists(bound.contains))
 }
 
-object JoinGraph {
+/** A [[JoinGraph]] without its expressions (see [[JoinGraph.split]]). */
+final case class GraphShape(numInputs: Int, classInputs: Seq[Seq[Int]], residualInputs: Seq[Seq[Int]],
+    residualOuter: Seq[Option[Int]], filters: Map[Int, JoinType], outer: Map[Int, Seq[Int]]) {
 
-  /**
-   * The graph from the flat fields a physical UMJoin node keeps it in (expressions directly in the
-   * node's fields, so that Catalyst's expression transforms reach them).
-   */
-  def fromFields(numInputs: Int, classInputs: Seq[Seq[Int]], classKeys: Seq[Seq[Expression]],
-      residuals: Seq[Expression], residualInputs: Seq[Seq[Int]], filters: Map[Int, JoinType] = Map.empty,
-      outer: Map[Int, Seq[Int]] = Map.empty, residualOuter: Seq[Option[Int]] = Nil): JoinGraph =
+  /** The graph again, from the expressions `split` gave (possibly transformed since). */
+  def withExpressions(expressions: Seq[Expression]): JoinGraph = {
+    val keyCount = classInputs.map(_.size).sum
+    require(expressions.size == keyCount + residualInputs.size, s"a join graph of this shape has ${keyCount + residualInputs.size} expressions")
+    val keys = classInputs.scanLeft(0)(_ + _.size).zip(classInputs).map { case (from, inputs) => expressions.slice(from, from + inputs.size) }
     JoinGraph(numInputs,
-      classInputs.zip(classKeys).map { case (inputs, keys) => KeyClass(inputs.zip(keys)) },
-      residuals.zip(residualInputs).zipWithIndex.map { case ((condition, inputs), k) =>
-        ResidualCondition(condition, inputs.toSet, residualOuter.lift(k).flatten)
-      },
+      classInputs.zip(keys).map { case (inputs, exprs) => KeyClass(inputs.zip(exprs)) },
+      residualInputs.indices.map(k => ResidualCondition(expressions(keyCount + k), residualInputs(k).toSet, residualOuter(k))),
       filters, outer)
+  }
+}
+
+object JoinGraph {
 
   /**
    * Builds the graph, or explains why the group cannot run as one inner multi-way join. The group's

@@ -231,8 +231,8 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
  * asked before it is committed). A task elsewhere finds nothing and probes the store.
  */
 object CommittedRowCounts {
-  private final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
-  private val counts = new java.util.concurrent.ConcurrentHashMap[Key, (Long, Long)]()
+  final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
+  private def counts = StreamingRegistry.committedRows
 
   def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long, rows: Long): Unit = {
     if (counts.size > 100000) counts.clear() // queries come and go; a forgotten count only costs a probe of the store

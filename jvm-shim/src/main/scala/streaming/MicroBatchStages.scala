@@ -19,13 +19,8 @@ import org.apache.spark.sql.execution.umjoin.InMemoryStore
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
-import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, RoutePlan, StoreIndex}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StepRule, StoreIndex}
 import umjoin.spark.core.store.JoinStore
-
-/** One stream's route in a micro-batch: its probe steps, how each reaches its store, and the segments each task runs. */
-final case class RouteRun(plan: RoutePlan, steps: Seq[RoutedStep], segments: Seq[Segment]) {
-  def start: Int = plan.route.start
-}
 
 /** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
 final case class StageMetrics(
@@ -55,10 +50,10 @@ final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
  *
  * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
  * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet)
- * @param semi        a semi join (a combination comes out at its first match), else an outer one
+ * @param rule        the join's [[StepRule]] (semi: a combination comes out at its first match; outer: padded once unmatchable)
  */
 final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
-    unmatchable: Option[Expression], semi: Boolean)
+    unmatchable: Option[Expression], rule: StepRule)
 
 /** The metrics of a stored static table. */
 final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
@@ -77,7 +72,7 @@ final case class MicroBatchJob(
     kinds: IndexedSeq[InputKind],
     outputs: IndexedSeq[Seq[Attribute]],
     result: Seq[Attribute],
-    routes: Map[Int, RouteRun],
+    routes: Map[Int, Route.Plan],
     states: Map[Int, InputStateSpec],
     joinKeys: IndexedSeq[Seq[Expression]],
     lateRows: IndexedSeq[Option[Expression]],
@@ -105,7 +100,7 @@ final case class MicroBatchJob(
 
   /** The steps (route's start, input probed, index probed through) the routes take in stage `stage`. */
   def probesIn(stage: Int): Seq[(Int, Int, StoreIndex)] = routes.values.toSeq.flatMap { run =>
-    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.plan.steps(t).input, run.steps(t).lookup)))
+    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.steps(t).input, run.steps(t).index)))
   }
 
   /** The input's expression for key class `c`. */
@@ -227,11 +222,11 @@ private[streaming] final class StageTask(
   private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
 
   /** This stage's part of each route, ready to run (compiled when first used). */
-  private val cores = mutable.Map[Int, (Segment, ProbeCore)]()
-  private def coreOf(start: Int): (Segment, ProbeCore) = cores.getOrElseUpdate(start, {
+  private val cores = mutable.Map[Int, (Route.Segment, ProbeCore)]()
+  private def coreOf(start: Int): (Route.Segment, ProbeCore) = cores.getOrElseUpdate(start, {
     val run = job.routes(start)
     val segment = run.segments(stage)
-    val compiled = CompiledRoute.segment(run.plan, segment.from, segment.until, job.outputs, job.result,
+    val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
       (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
         val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
         (combination: InternalRow) => unmatchedHere += inInputOrder(combination).copy()
@@ -240,17 +235,17 @@ private[streaming] final class StageTask(
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
 
-  /** Rows this stage produces: (the route they continue on, -1 for a complete result row, or -2 for an unmatched combination; the row). */
+  /** Rows this stage produces, each with its tag (see [[StageTask.ResultRow]]). */
   private def produced(): Iterator[(Int, InternalRow)] = {
-    def label(start: Int, rows: Iterator[InternalRow], segment: Segment): Iterator[(Int, InternalRow)] =
-      rows.map(row => (if (segment.next.isEmpty) -1 else start, row))
+    def label(start: Int, rows: Iterator[InternalRow], segment: Route.Segment): Iterator[(Int, InternalRow)] =
+      rows.map(row => (if (segment.next.isEmpty) StageTask.ResultRow else start, row))
     if (stage == 0) {
       job.streams.iterator.filter(job.routes.contains).flatMap { start =>
         val (segment, core) = coreOf(start)
         label(start, core.join(fresh(start, None)), segment)
       }
     } else {
-      val feeds = mutable.Map[Int, (Segment, StageTask.Feed, Iterator[InternalRow])]()
+      val feeds = mutable.Map[Int, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
       val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
       shipped().flatMap { envelope =>
@@ -259,13 +254,13 @@ private[streaming] final class StageTask(
         if (start == StageTask.Unmatched) {
           unmatchedRow.pointTo(bytes, bytes.length)
           Iterator.single((StageTask.Unmatched, unmatchedRow))
-        } else if (start < 0) {
+        } else if (start == StageTask.ResultRow) {
           resultRow.pointTo(bytes, bytes.length)
-          Iterator.single((-1, resultRow))
+          Iterator.single((StageTask.ResultRow, resultRow))
         } else {
           val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
             val (segment, core) = coreOf(start)
-            val feed = new StageTask.Feed(job.routes(start).plan.route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
+            val feed = new StageTask.Feed(job.routes(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
             (segment, feed, core.join(feed))
           })
           feed.set(bytes)
@@ -285,8 +280,8 @@ private[streaming] final class StageTask(
       envelope(fields).copy()
     }
     val targets = mutable.Map[Int, UnsafeProjection]()
-    def targetOf(start: Int, segment: Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
-      val order = job.routes(start).plan.route.order
+    def targetOf(start: Int, segment: Route.Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
+      val order = job.routes(start).route.order
       val bound = order.take(segment.until + 1)
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
@@ -295,11 +290,12 @@ private[streaming] final class StageTask(
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
     val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
     StageTask.whenDone(produced().flatMap {
-      case (start, row) if start < 0 => Iterator.single((partition, wrap(start, row)))
+      // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
+      case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
       case (start, row) =>
         val segment = job.routes(start).segments(stage)
         segment.next match {
-          case Some(Reach.ByKey(keyClass)) =>
+          case Some(Route.Reach.ByKey(keyClass)) =>
             metrics.shipped += 1
             Iterator.single((targetOf(start, segment, keyClass)(row).getInt(0), wrap(start, row)))
           case _ =>
@@ -352,10 +348,10 @@ private[streaming] final class StageTask(
     /** Whether the combination goes: matched now (a semi join's comes out), or matched by no later row (an outer join's comes out). */
     def goes(combination: InternalRow): Boolean =
       if (matched(combination)) {
-        if (u.semi) putOut(combination)
+        if (u.rule.putOutWhenMatchedLater) putOut(combination)
         true
       } else if (unmatchable.exists(_.eval(combination))) {
-        if (!u.semi) putOut(combination)
+        if (u.rule.putOutWhenNeverMatched) putOut(combination)
         metrics.unmatched.foreach(_.gone += 1)
         true
       } else false
@@ -420,8 +416,13 @@ private[streaming] final class StageTask(
 
 private[streaming] object StageTask {
 
-  /** What a shipped row is when it is not a partial combination of a route (-1: a result row): an outer or semi join's unmatched combination. */
+  // A row shipped between stages is tagged with what it is: a partial combination of the route that
+  // starts at input `tag` (tag >= 0, going on there), or one of these.
+  /** A complete result row (it only travels to the last stage). */
+  val ResultRow: Int = -1
+  /** An outer or semi join's combination no row matched yet (it waits in its partition for the last stage). */
   val Unmatched: Int = -2
+  def continuesRoute(tag: Int): Boolean = tag >= 0
 
   /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
   final class Feed(numFields: Int) extends Iterator[InternalRow] {

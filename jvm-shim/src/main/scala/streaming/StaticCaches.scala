@@ -1,7 +1,6 @@
 package umjoin.spark.streaming
 
 import java.util.UUID
-import java.util.concurrent.ConcurrentHashMap
 
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
@@ -17,13 +16,14 @@ import umjoin.spark.core.store.{JoinStore, SmallStore}
 
 /**
  * What an executor keeps in memory of the stored static tables of running StreamingUMJoins
- * (spark.umjoin.staticCache), per query run, operator, partition and input. A cache holds rows of
- * one load of the table ([[StaticVersions]]'s generation) and is dropped when a later load
- * replaces it, when its query stops (on the driver's JVM), or after ten idle minutes.
+ * (spark.umjoin.staticCache), per query run, operator, partition and input, in
+ * [[StreamingRegistry]]. A cache holds rows of one load of the table ([[StaticVersions]]'s
+ * generation) and is dropped when a later load replaces it, when its query stops (on the driver's
+ * JVM), or after ten idle minutes.
  */
 object StaticCaches {
-  private final case class Key(runId: UUID, operatorId: Long, partition: Int, input: Int)
-  private val caches = new ConcurrentHashMap[Key, StaticInputCache]()
+  final case class Key(runId: UUID, operatorId: Long, partition: Int, input: Int)
+  private def caches = StreamingRegistry.staticCaches
   private val IdleMs = 10L * 60 * 1000
 
   /** The cache of load `generation` of the input's table in this partition, empty if there is none yet. */
@@ -40,10 +40,6 @@ object StaticCaches {
   def existing(info: StatefulOperatorStateInfo, partition: Int, input: Int, generation: Long): Option[StaticInputCache] =
     Option(caches.get(Key(info.queryRunId, info.operatorId, partition, input))).filter(_.generation == generation)
 
-  def forgetRun(runId: UUID): Unit = caches.keySet.removeIf(_.runId == runId)
-
-  /** How many caches this JVM holds (of running queries, or idle less than ten minutes). */
-  def count: Int = caches.size
 }
 
 /**

@@ -1,19 +1,12 @@
 package umjoin.spark.streaming
 
-import java.util.UUID
-import java.util.concurrent.ConcurrentHashMap
-import java.util.concurrent.atomic.AtomicLong
-
 import scala.util.Try
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
-import org.apache.spark.SparkContext
-import org.apache.spark.scheduler.{SparkListener, SparkListenerEvent}
 import org.apache.spark.sql.execution.{FileSourceScanExec, LocalTableScanExec, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.streaming.StreamingQueryListener
 
 /**
  * When the stores of a stored static table (paper 003's master data) are written: in the first
@@ -24,21 +17,18 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * ([[versionable]]); any other static table is read in every batch, as Spark reads it.
  *
  * Each load gets a number no other load of this driver has (`generation`): what an executor keeps
- * in memory of a stored table ([[StaticCaches]]) is valid for one load only.
+ * in memory of a stored table ([[StaticCaches]]) is valid for one load only. The last loads are kept
+ * in the query run's [[StreamingRegistry.Run]].
  */
 object StaticVersions {
 
   /** What a static table's rows depend on. */
-  private final case class Fingerprint(plan: SparkPlan, files: Seq[(String, Long, Long)])
-  private final case class Key(runId: UUID, operatorId: Long, input: Int)
-  private final case class Loaded(fingerprint: Fingerprint, storeVersion: Long, generation: Long)
+  final case class Fingerprint private[StaticVersions] (plan: SparkPlan, files: Seq[(String, Long, Long)])
+  /** A table's last load: what it was loaded from, in which version of its stores, and the load's number. */
+  final case class Loaded private[StaticVersions] (fingerprint: Fingerprint, storeVersion: Long, generation: Long)
 
   /** What a micro-batch does with a stored static table: write it now (`load`), or probe what load `generation` wrote. */
   final case class Decision(load: Boolean, generation: Long)
-
-  private val loaded = new ConcurrentHashMap[Key, Loaded]()
-  private val generations = new AtomicLong()
-  private var listeningTo: Option[SparkContext] = None
 
   /** Whether the rows of `plan` can be known unchanged between micro-batches (see above). */
   def versionable(plan: SparkPlan): Boolean =
@@ -51,15 +41,15 @@ object StaticVersions {
    * table changed in between.
    */
   def decide(info: StatefulOperatorStateInfo, input: Int, child: SparkPlan, hadoopConf: Configuration): Decision = {
-    val key = Key(info.queryRunId, info.operatorId, input)
+    val loaded = StreamingRegistry.run(info.queryRunId, child.session.sparkContext).staticLoads
+    val key = (info.operatorId, input)
     val now = fingerprint(child, hadoopConf)
     val previous = Option(loaded.get(key))
     previous match {
       case Some(before) if now.contains(before.fingerprint) && info.storeVersion > before.storeVersion =>
         Decision(load = false, before.generation)
       case _ =>
-        forgetWhenQueriesEnd(child.session.sparkContext)
-        val generation = generations.incrementAndGet()
+        val generation = StreamingRegistry.nextGeneration()
         // A table that cannot be fingerprinted (a file vanished) is loaded in every batch, and never counted unchanged.
         now match {
           case Some(f) => loaded.put(key, Loaded(f, info.storeVersion, generation))
@@ -68,9 +58,6 @@ object StaticVersions {
         Decision(load = true, generation)
     }
   }
-
-  /** How many stored static tables the driver tracks (of running queries only). */
-  def tracked: Int = loaded.size
 
   private def fingerprint(child: SparkPlan, hadoopConf: Configuration): Option[Fingerprint] =
     if (!versionable(child)) None
@@ -85,18 +72,4 @@ object StaticVersions {
         (file, status.getLen, status.getModificationTime)
       }).toOption.map(Fingerprint(child.canonicalized, _))
     }
-
-  private def forgetWhenQueriesEnd(sc: SparkContext): Unit = synchronized {
-    if (!listeningTo.contains(sc)) {
-      sc.addSparkListener(new SparkListener {
-        override def onOtherEvent(event: SparkListenerEvent): Unit = event match {
-          case ended: StreamingQueryListener.QueryTerminatedEvent =>
-            loaded.keySet.removeIf(_.runId == ended.runId)
-            StaticCaches.forgetRun(ended.runId)
-          case _ =>
-        }
-      })
-      listeningTo = Some(sc)
-    }
-  }
 }

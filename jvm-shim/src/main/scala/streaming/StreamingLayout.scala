@@ -1,14 +1,10 @@
 package umjoin.spark.streaming
 
-import org.json4s.JsonAST._
-import org.json4s.jackson.JsonMethods.{compact, parse, render}
-
-import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.core.JoinGraph
-import umjoin.spark.core.cost.{CostGraph, JoinSizes, ProbeCost, ProbeGraph, ProbeRoute}
-import umjoin.spark.core.probe.StoreIndex
+import umjoin.spark.core.cost.{CostGraph, JoinSizes, ProbeCost, ProbeGraph}
+import umjoin.spark.core.probe.{ProbeSteps, Route, StoreIndex}
 
 /** How an input of a streaming UMJoin takes part. */
 sealed trait InputKind {
@@ -40,24 +36,6 @@ object InputKind {
   def isStored(kind: InputKind): Boolean = kind == Stream || kind == StaticStored
 }
 
-/** How the partial combinations of a route reach the store probed next. */
-sealed trait Reach
-
-object Reach {
-  /** They are in the right partition already: the store is partitioned on the class they are partitioned by. */
-  case object Local extends Reach
-  /** Shuffled to the one partition their value of `keyClass` (the store's partitioning class) hashes to. */
-  final case class ByKey(keyClass: Int) extends Reach
-  /** Sent to every partition: they do not carry the store's partitioning class yet (CLASH's chi). */
-  case object AllPartitions extends Reach
-}
-
-/** One step of a route as it runs: how the combinations reach the store, and the index (key classes) the store is probed by. */
-final case class RoutedStep(reach: Reach, lookup: StoreIndex)
-
-/** Steps [from, until) of a route, run in one task; then the combinations move by `next` (None: they are complete rows). */
-final case class Segment(from: Int, until: Int, next: Option[Reach])
-
 /**
  * How a streaming UMJoin keeps and probes its inputs: per input its kind, the key class its rows
  * are hash-partitioned on (None for a broadcast table), the further indexes of a stream's store
@@ -70,7 +48,7 @@ final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
     partitionClass: IndexedSeq[Option[Int]],
     indexes: IndexedSeq[Seq[StoreIndex]],
-    routes: Map[Int, ProbeRoute],
+    routes: Map[Int, Route],
     predictedCost: Double,
     statistics: String) {
 
@@ -83,31 +61,39 @@ final case class StreamingLayout(
   def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored || (kinds(i) == InputKind.Stream && streams.size > 1))
 
   /**
-   * The steps of `route`: a store partitioned on a class the combination carries is reached in its
-   * partition (in the same task when the combination is there already) and probed by that class;
-   * any other store is reached in all partitions and probed by its widest index whose classes the
-   * combination all carries (one through the route's edge where there is one). A static table
-   * indexed in memory per batch is probed by every class of it the combination carries.
+   * `route` planned over `graph` as this layout runs it: a store partitioned on a class the
+   * combination carries is reached in its partition (in the same task when the combination is there
+   * already) and probed by that class; any other store is reached in all partitions and probed by its
+   * widest index whose classes the combination all carries (one through the route's edge where there
+   * is one). A static table indexed in memory per batch is probed by every class of it the combination carries.
    */
-  def steps(graph: JoinGraph, route: ProbeRoute): Seq[RoutedStep] = {
+  def plan(graph: JoinGraph, route: Route): Route.Plan = {
+    val access = reaches(graph, route)
+    val lookup = route.order.tail.zip(access.map(_._2)).toMap
+    val planned = ProbeSteps.along(graph, route, input => Seq(lookup(input)))
+    planned.copy(steps = planned.steps.zip(access).map { case (step, (reach, _)) => step.copy(reach = reach) })
+  }
+
+  /** Per step of `route`: how the combinations reach the store, and the index it is probed through (see [[plan]]). */
+  private def reaches(graph: JoinGraph, route: Route): Seq[(Route.Reach, StoreIndex)] = {
     def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
     var bound = classesOf(route.start)
     var location = partitionClass(route.start)
     route.edges.map { case (from, to) =>
       val carried = StoreIndex((classesOf(to) intersect bound).toSeq.sorted)
       val step = partitionClass(to) match {
-        case None => RoutedStep(Reach.Local, carried)
+        case None => (Route.Reach.Local, carried)
         case Some(p) if bound.contains(p) =>
-          val reach = if (location.contains(p)) Reach.Local else Reach.ByKey(p)
+          val reach = if (location.contains(p)) Route.Reach.Local else Route.Reach.ByKey(p)
           location = Some(p)
-          RoutedStep(reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
+          (reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
         case Some(p) =>
           location = Some(p)
           val lookup = if (!InputKind.isStored(kinds(to))) Some(carried) else {
             val edge = classesOf(from) intersect classesOf(to)
             indexes(to).filter(_.classes.forall(bound.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
           }
-          RoutedStep(Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
+          (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
             s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
       }
       bound ++= classesOf(to)
@@ -115,12 +101,9 @@ final case class StreamingLayout(
     }
   }
 
-  /** A route's steps cut where the combinations move to other partitions. */
-  def segments(steps: Seq[RoutedStep]): Seq[Segment] = {
-    // A route whose first step leaves the partition starts with an empty segment: the row is shipped as it is.
-    val bounds = 0 +: steps.indices.filter(t => steps(t).reach != Reach.Local) :+ steps.size
-    bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until, if (until < steps.size) Some(steps(until).reach) else None) }
-  }
+  /** The indexes `route`'s steps probe in all partitions of a store (the ones a layout keeps). */
+  private[streaming] def allPartitionLookups(graph: JoinGraph, route: Route): Seq[(Int, StoreIndex)] =
+    route.order.tail.zip(reaches(graph, route)).collect { case (input, (Route.Reach.AllPartitions, index)) => (input, index) }
 
   /**
    * The probe steps this layout can run whatever was bound before, for the adaptive policies: into a
@@ -154,12 +137,6 @@ final case class StreamingLayout(
 object StreamingLayout {
 
   /**
-   * The version of the state's layout this code writes; it reads this one and the ones before
-   * (format 1: single-class indexes; format 2: no stored static tables).
-   */
-  val Format = 3
-
-  /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
    * route from [[ProbeCost.optimize]]; a store (a stream's, a stored table's) is then indexed for each step of a route
    * that reaches it in all its partitions. With `compositeIndexes` such an index covers every class
@@ -189,7 +166,7 @@ object StreamingLayout {
       if (!InputKind.isStored(kinds(i))) Nil
       // (A semi join's stream starts no route: its rows only let combinations through.)
       else choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
-        route.order.tail.zip(provisional.steps(graph, route)).collect { case (`i`, RoutedStep(Reach.AllPartitions, ix)) => ix }
+        provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
       }.distinct.sortBy(_.classes.mkString(","))
     }
     provisional.copy(indexes = indexes)
@@ -202,7 +179,7 @@ object StreamingLayout {
    * where none is stored yet. The other inputs keep their order where they can, each reached from
    * an input before it (they are connected without it, or the group does not convert).
    */
-  def nonPreservedLast(graph: JoinGraph, route: ProbeRoute): ProbeRoute = (graph.outer.keys ++ graph.filters.keys).headOption match {
+  def nonPreservedLast(graph: JoinGraph, route: Route): Route = (graph.outer.keys ++ graph.filters.keys).headOption match {
     case Some(o) if o != route.start && route.order.last != o =>
       val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)
@@ -217,134 +194,9 @@ object StreamingLayout {
         remaining = remaining.filter(_ != next)
       }
       val onFrom = graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs).find(i => i != o && placed.contains(i)).get
-      ProbeRoute(route.start, edges.toSeq :+ ((onFrom, o)))
+      Route(route.start, edges.toSeq :+ ((onFrom, o)))
     case _ => route
   }
 
   private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
-
-  /** The layout as the checkpoint keeps it: classes named by each input's key expression, so they are found again after a restart. */
-  def toJson(layout: StreamingLayout, graph: JoinGraph, inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
-    def key(input: Int, c: Int): JValue = JString(keyName(graph, input, c))
-    val inputJson = inputs.indices.map { i =>
-      JObject(List[JField](
-        "label" -> JString(labels(i)),
-        "kind" -> JString(layout.kinds(i).name),
-        "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
-        "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
-        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
-        (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
-    }
-    val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
-      JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
-    }
-    compact(render(JObject(
-      "format" -> JInt(Format),
-      "inputs" -> JArray(inputJson.toList),
-      "routes" -> JArray(routeJson.toList),
-      "predictedProbeCost" -> JDouble(layout.predictedCost),
-      "statistics" -> JString(layout.statistics))))
-  }
-
-  /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
-  def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): Either[String, StreamingLayout] =
-    try Right(read(text, graph, inputs)) catch { case m: LayoutMismatch => Left(m.getMessage) }
-
-  private final class LayoutMismatch(reason: String) extends Exception(reason)
-
-  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): StreamingLayout = {
-    def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
-    val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
-    json \ "format" match {
-      case JInt(f) if f >= 1 && f <= Format =>
-      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version reads formats 1 to $Format)")
-      case _ => fail("its layout record has no format")
-    }
-    val recorded = json \ "inputs" match {
-      case JArray(items) => items
-      case _ => fail("its layout record has no inputs")
-    }
-    if (recorded.size != inputs.size) fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
-    def classOf(input: Int, key: String): Int =
-      graph.classes.indices.find(c => graph.classes(c).keyOf(input).isDefined && keyName(graph, input, c) == key)
-        .getOrElse(fail(s"input #$input was stored by $key, which this join does not join it on"))
-    val parsed = recorded.zipWithIndex.map { case (item, i) =>
-      val kind = item \ "kind" match {
-        case JString(k) => InputKind.byName.getOrElse(k, fail(s"input #$i has an unknown kind $k"))
-        case _ => fail(s"input #$i has no kind in its layout record")
-      }
-      val cols = item \ "columns" match {
-        case JArray(cs) => cs.collect { case JString(c) => c }
-        case _ => Nil
-      }
-      if (cols != columns(inputs(i))) fail(s"input #$i had columns (${cols.mkString(", ")}), now (${columns(inputs(i)).mkString(", ")})")
-      val partition = item \ "partitionedBy" match {
-        case JString(k) => Some(classOf(i, k))
-        case _ => None
-      }
-      // Format 1 recorded an index as its one key; format 2 as the list of its keys.
-      val indexes = item \ "indexedBy" match {
-        case JArray(ixs) => ixs.collect {
-          case JString(k) => StoreIndex.single(classOf(i, k))
-          case JArray(ks) => StoreIndex(ks.collect { case JString(k) => classOf(i, k) })
-        }
-        case _ => Nil
-      }
-      val joinType = item \ "joinType" match {
-        case JString(t) => t
-        case _ => "inner"
-      }
-      val current = if (graph.outer.contains(i)) OuterJoinType else "inner"
-      if (joinType != current) fail(s"input #$i was joined as $joinType, now as $current")
-      (kind, partition, indexes)
-    }.toIndexedSeq
-    val routes = json \ "routes" match {
-      case JArray(items) => items.map { item =>
-        val start = item \ "start" match {
-          case JInt(s) => s.toInt
-          case _ => fail("a recorded route has no start")
-        }
-        val edges = item \ "edges" match {
-          case JArray(es) => es.collect { case JArray(List(JInt(f), JInt(t))) => (f.toInt, t.toInt) }
-          case _ => Nil
-        }
-        start -> ProbeRoute(start, edges)
-      }.toMap
-      case _ => fail("its layout record has no routes")
-    }
-    val cost = json \ "predictedProbeCost" match {
-      case JDouble(c) => c
-      case JInt(c) => c.toDouble
-      case _ => 0.0
-    }
-    val statistics = json \ "statistics" match {
-      case JString(text) => text
-      case _ => "not recorded"
-    }
-    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics)
-    layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>
-      fail(s"its recorded probe routes do not fit this join (none from input #$s through all ${inputs.size} inputs)")
-    }
-    // A semi join's stream starts no route (its rows only let combinations through): its recorded route is never probed.
-    routes.values.filterNot(r => graph.filters.contains(r.start)).foreach { r =>
-      scala.util.Try(layout.steps(graph, r)).failed.foreach(e => fail(s"its recorded probe routes do not fit this join (route ${r.order.mkString(" -> ")}: ${e.getMessage})"))
-    }
-    layout
-  }
-
-  /**
-   * How the layout record names input `input`'s key for class `c`: its expression; for an outer
-   * join's ON key (a class of its own, whose expression of the other input may be in another class
-   * too), followed by `ON` and the outer input's expression.
-   */
-  private def keyName(graph: JoinGraph, input: Int, c: Int): String = {
-    val expression = graph.classes(c).keyOf(input).get.sql
-    graph.outer.keys.find(o => o != input && graph.classes(c).inputs.contains(o))
-      .fold(expression)(o => s"$expression ON ${graph.classes(c).keyOf(o).get.sql}")
-  }
-
-  /** How the layout record names an outer join's non-preserved input (the others are inner, and not named: older records read the same). */
-  private val OuterJoinType = "left outer"
-
-  private def columns(attributes: Seq[Attribute]): List[String] = attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
 }

@@ -1,13 +1,9 @@
 package umjoin.spark.streaming
 
-import java.util.UUID
-
-import scala.collection.concurrent.TrieMap
-
-import org.apache.spark.internal.Logging
 import org.apache.spark.util.AccumulatorV2
 
-import umjoin.spark.core.cost.{CostModel, ProbeCounters, ProbeGraph, ProbeOrderSettings, ProbeRoute, StatisticsHistory}
+import umjoin.spark.core.cost.{AdaptiveRouter, CostModel, ProbeCounters, ProbeGraph, ProbeOrderSettings}
+import umjoin.spark.core.probe.Route
 
 /** Sums the tasks' probe counters of one micro-batch, for the driver. */
 final class ProbeCountersAccumulator(inputs: Int) extends AccumulatorV2[ProbeCounters, ProbeCounters] {
@@ -25,54 +21,41 @@ final class ProbeCountersAccumulator(inputs: Int) extends AccumulatorV2[ProbeCou
 }
 
 /**
- * The probe routes of streaming UMJoins, kept on the driver across micro-batches (per query run
- * and operator; a restart begins again from the plan's routes). With an adaptive policy, before
+ * The probe routes of streaming UMJoins, kept on the driver across micro-batches in their query
+ * run's [[StreamingRegistry.Run]] (per operator; a restart begins again from the plan's routes). With an adaptive policy, before
  * each batch runs the previous batch's counters become one cycle of statistics, and once
  * `periodMs` has passed since the last choice the policy chooses every stream's route again from
  * the forecast; with the fixed order the plan's routes stay.
  */
-object StreamingRoutes extends Logging {
+object StreamingRoutes {
 
-  private final class Entry(var routes: Map[Int, ProbeRoute], val history: StatisticsHistory, var chosenAtMs: Long,
-      var pending: Option[ProbeCountersAccumulator], var usedAtMs: Long)
-
-  /** An operator unseen for this long has stopped; its statistics are dropped (were it to run again, it starts afresh). */
-  private val IdleMs = 60L * 60 * 1000
-
-  private val entries = TrieMap[(UUID, Long), Entry]()
+  /** One operator's router, when it chose last, and the counters of the micro-batch running. */
+  final class Entry(val router: AdaptiveRouter, var chosenAtMs: Long, var pending: Option[ProbeCountersAccumulator])
 
   /**
-   * The routes the next micro-batch of operator `operatorId` in run `runId` probes with, and how many
-   * of them changed; `planned` are the plan's routes, one per start input, along `graph`'s edges.
-   * Key counts are per partition: a probe reads one partition's store.
+   * The routes the next micro-batch of operator `operatorId` probes with, and how many of them
+   * changed; `planned` are the plan's routes, one per start input, along `graph`'s edges. Key counts
+   * are per partition: a probe reads one partition's store.
    */
-  def next(runId: UUID, operatorId: Long, graph: ProbeGraph, planned: Map[Int, ProbeRoute], settings: ProbeOrderSettings,
-      cost: CostModel, partitions: Int): (Map[Int, ProbeRoute], Int) = {
-    val starts = planned.keys.toSeq.sorted
+  def next(run: StreamingRegistry.Run, operatorId: Long, graph: ProbeGraph, planned: Map[Int, Route], settings: ProbeOrderSettings,
+      cost: CostModel, partitions: Int): (Map[Int, Route], Int) = {
     val now = System.currentTimeMillis()
-    entries.filterInPlace { case (_, e) => now - e.usedAtMs < IdleMs }
-    val entry = entries.getOrElseUpdate((runId, operatorId), new Entry(planned, new StatisticsHistory(settings.history), now, None, now))
+    val entry = run.routes.getOrElseUpdate(operatorId, new Entry(new AdaptiveRouter(settings, graph, cost, planned), now, None))
     entry.synchronized {
-      entry.usedAtMs = now
       entry.pending.foreach { accumulator =>
         val counters = accumulator.value
-        if (!counters.isEmpty) entry.history.add(counters.cycle(counters.stored.toIndexedSeq.map(_.toDouble / partitions)))
+        if (!counters.isEmpty) entry.router.record(counters, counters.stored.toIndexedSeq.map(_.toDouble / partitions))
       }
       entry.pending = None
-      if (settings.adaptive && !entry.history.isEmpty && now - entry.chosenAtMs >= settings.periodMs) {
-        val forecast = entry.history.forecast(settings.smoothing)
-        val routes = settings.policy.routes(graph, forecast, cost, starts)
-        logDebug(s"UMJoin ${settings.policy.name} (operator $operatorId): routes ${routes.values.map(_.order.mkString("->")).mkString(", ")} " +
-          s"from gamma ${forecast.matchRate}, mu ${forecast.matchesPerSuccess}, kappa ${forecast.keys}")
-        val changed = starts.count(s => routes(s) != entry.routes(s))
-        entry.routes = routes
+      if (settings.adaptive && entry.router.hasStatistics && now - entry.chosenAtMs >= settings.periodMs) {
+        val changed = entry.router.choose().size
         entry.chosenAtMs = now
-        (routes, changed)
-      } else (entry.routes, 0)
+        (entry.router.routes, changed)
+      } else (entry.router.routes, 0)
     }
   }
 
   /** The counters the micro-batch now running fills, read when the next one is planned. */
-  def collect(runId: UUID, operatorId: Long, accumulator: ProbeCountersAccumulator): Unit =
-    entries.get((runId, operatorId)).foreach(e => e.synchronized { e.pending = Some(accumulator) })
+  def collect(run: StreamingRegistry.Run, operatorId: Long, accumulator: ProbeCountersAccumulator): Unit =
+    run.routes.get(operatorId).foreach(e => e.synchronized { e.pending = Some(accumulator) })
 }

@@ -1,24 +1,20 @@
 package umjoin.spark.streaming
 
-import java.io.{ObjectInputStream, ObjectOutputStream}
-import java.nio.charset.StandardCharsets
-
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.Path
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression}
-import org.apache.spark.sql.catalyst.plans.JoinType
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
-import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
+import org.apache.spark.util.SerializableConfiguration
+import org.apache.spark.sql.execution.umjoin.StateStoreLocations
 
-import umjoin.spark.core.{JoinGraph, ZippedInputsRDD}
-import umjoin.spark.core.cost.{ProbeOrderSettings, ProbeRoute, StaticCacheSettings, StoreStructure}
-import umjoin.spark.core.probe.{InputMetrics, ProbeSteps}
+import umjoin.spark.core.{GraphShape, JoinGraph, ZippedInputsRDD}
+import umjoin.spark.core.cost.{ProbeOrderSettings, StaticCacheSettings, StoreStructure}
+import umjoin.spark.core.probe.{InputMetrics, Route}
 
 /**
  * The streaming UMJoin: one multi-way inner join over the streams (and static tables) of a TSC
@@ -42,8 +38,8 @@ import umjoin.spark.core.probe.{InputMetrics, ProbeSteps}
  * also writes the batch's new rows into the stores, evicts what can no longer join, and commits:
  * each store is written once per batch, as the batch's version.
  *
- * The join itself is its key classes (`classInputs`, `classKeys`) and residual conditions, as in
- * [[UMJoinExec]]; with `outerJoins` or `filters`, one LEFT OUTER join on top of the group (a RIGHT
+ * The join itself is its [[JoinGraph]] (`graphShape` and `graphExpressions`), as in
+ * [[umjoin.spark.batch.UMJoinExec]]; with an outer join or a filter in it, one LEFT OUTER join on top of the group (a RIGHT
  * OUTER one with its sides swapped) or one LEFT SEMI join: its non-preserved stream is probed last,
  * by the join's condition, and a new combination of the other inputs that no stored row of it
  * matches waits in a store of its own, partitioned as that stream's store, until a later row
@@ -66,13 +62,8 @@ import umjoin.spark.core.probe.{InputMetrics, ProbeSteps}
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
     inputLabels: Seq[String],
-    classInputs: Seq[Seq[Int]],
-    classKeys: Seq[Seq[Expression]],
-    residuals: Seq[Expression],
-    residualInputs: Seq[Seq[Int]],
-    filters: Map[Int, JoinType],
-    outerJoins: Map[Int, Seq[Int]],
-    residualOuter: Seq[Option[Int]],
+    graphShape: GraphShape,
+    graphExpressions: Seq[Expression],
     unmatchable: Option[Expression],
     layout: StreamingLayout,
     probeOrder: ProbeOrderSettings,
@@ -93,10 +84,10 @@ case class StreamingUMJoinExec(
   } ++ nonPreserved.map(InputState.unmatchedStoreName)
 
   /** The non-preserved stream of the group's outer or semi join, if it has one. */
-  private def nonPreserved: Option[Int] = (outerJoins.keys ++ filters.keys).headOption
+  private def nonPreserved: Option[Int] = (graphShape.outer.keys ++ graphShape.filters.keys).headOption
 
   private def joinGraph: JoinGraph =
-    JoinGraph.fromFields(children.size, classInputs, classKeys, residuals, residualInputs, filters, outerJoins, residualOuter)
+    graphShape.withExpressions(graphExpressions)
 
   /** Input j's expression for the class it is partitioned on (None: broadcast). */
   private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
@@ -126,12 +117,12 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
         StatefulOperatorCustomSumMetric(s"stateIndexEntriesInput$i", s"$name: state index entries"),
         StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
-        StatefulOperatorCustomSumMetric(s"rowsInInput$i", s"$name: rows in"),
-        StatefulOperatorCustomSumMetric(s"probesInput$i", s"$name: probes"),
-        StatefulOperatorCustomSumMetric(s"matchesInput$i", s"$name: matches"),
-        StatefulOperatorCustomSumMetric(s"earlyStopsInput$i", s"$name: early stops")) ++
+        StatefulOperatorCustomSumMetric(InputMetrics.rowsIn(i), s"$name: rows in"),
+        StatefulOperatorCustomSumMetric(InputMetrics.probes(i), s"$name: probes"),
+        StatefulOperatorCustomSumMetric(InputMetrics.matches(i), s"$name: matches"),
+        StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops")) ++
         (if (!nonPreserved.contains(i)) Nil else Seq(
-          if (outerJoins.contains(i)) StatefulOperatorCustomSumMetric(s"nullPaddedInput$i", s"$name: combinations put out with NULLs for its columns")
+          if (graphShape.outer.contains(i)) StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns")
           else StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
           StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
         (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
@@ -144,8 +135,8 @@ case class StreamingUMJoinExec(
     }
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
-    longMetric(s"rowsInInput$i"), longMetric(s"probesInput$i"), longMetric(s"matchesInput$i"),
-    longMetric(s"earlyStopsInput$i"), longMetric(s"stateBytesInput$i"))
+    longMetric(InputMetrics.rowsIn(i)), longMetric(InputMetrics.probes(i)), longMetric(InputMetrics.matches(i)),
+    longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"))
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 
@@ -172,7 +163,7 @@ case class StreamingUMJoinExec(
     val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
     val hadoopConf = session.sessionState.newHadoopConf()
-    StreamingUMJoinExec.recordLayout(info, StreamingLayout.toJson(layout, graph, outputs, inputLabels), hadoopConf)
+    new OperatorCheckpoint(info, hadoopConf).recordLayout(layout, graph, outputs, inputLabels)
 
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
     val probeGraph = layout.probeGraph(graph)
@@ -181,14 +172,14 @@ case class StreamingUMJoinExec(
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
-    val (allRoutes, changed) = StreamingRoutes.next(info.queryRunId, info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
+    val (allRoutes, changed) = StreamingRoutes.next(StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
     // A semi join's stream starts no route: its rows only let combinations through, at their first match.
-    val routes = allRoutes.filter { case (start, _) => !filters.contains(start) }
+    val routes = allRoutes.filter { case (start, _) => !graphShape.filters.contains(start) }
     longMetric("probeRouteChanges") += changed
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
-      StreamingRoutes.collect(info.queryRunId, info.operatorId, accumulator)
+      StreamingRoutes.collect(StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, accumulator)
       accumulator
     }
 
@@ -203,11 +194,7 @@ case class StreamingUMJoinExec(
       kinds = layout.kinds,
       outputs = outputs,
       result = output,
-      routes = routes.map { case (start, route) =>
-        val steps = layout.steps(graph, route)
-        val lookup = route.order.tail.zip(steps.map(_.lookup)).toMap
-        start -> RouteRun(ProbeSteps.along(graph, route, input => Seq(lookup(input))), steps, layout.segments(steps))
-      },
+      routes = routes.map { case (start, route) => start -> layout.plan(graph, route) },
       states = layout.stored.map { j =>
         j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
           layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
@@ -228,7 +215,7 @@ case class StreamingUMJoinExec(
           InputStateSpec(o, preserved.flatMap(outputs), key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
             InputState.unmatchedStoreName(o)),
           graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
-          semi = filters.contains(o))
+          graph.stepRule(o))
       },
       partitions = partitions,
       info = info)
@@ -247,11 +234,11 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap,
-      unmatched = nonPreserved.map(o => UnmatchedMetrics(longMetric(if (filters.contains(o)) s"semiDroppedInput$o" else s"nullPaddedInput$o"),
+      unmatched = nonPreserved.map(o => UnmatchedMetrics(longMetric(if (graphShape.filters.contains(o)) s"semiDroppedInput$o" else InputMetrics.nullPadded(o)),
         longMetric(s"unmatchedRowsInput$o"))))
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
-    val serializableConf = sparkContext.broadcast(new SerializableHadoopConf(hadoopConf))
+    val serializableConf = sparkContext.broadcast(new SerializableConfiguration(hadoopConf))
     val self = this
 
     // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is loaded); broadcast tables as rows.
@@ -268,18 +255,22 @@ case class StreamingUMJoinExec(
           self.setOperatorMetrics(writers.map(_.stores.size).sum)
         })
 
+    // Every stage's task k reads the stores of partition k: it runs where they were last loaded.
+    val storesLoaded = Some(StateStoreLocations.of(session, info, stateStoreNames))
     val shuffled = (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
-      val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous, (context, read) => task(stage, context, read).shipping())
+      val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous, (context, read) => task(stage, context, read).shipping(),
+        storesLoaded)
       Some(ComboShuffle(mapSide, partitions, sparkContext))
     }
-    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results())
+    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results(),
+      storesLoaded)
   }
 
   /** A row's bytes as Spark estimates them from its schema. */
   private def rowBytes(attributes: Seq[Attribute]): Double = attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
 
   /** v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the routes' steps into it. */
-  private def probingRowBytes(j: Int, routes: Seq[ProbeRoute], outputs: Seq[Seq[Attribute]]): Double = {
+  private def probingRowBytes(j: Int, routes: Seq[Route], outputs: Seq[Seq[Attribute]]): Double = {
     val sizes = routes.flatMap(route => route.order.indexOf(j) match {
       case p if p > 0 => Some(rowBytes(route.order.take(p).flatMap(outputs)))
       case _ => None
@@ -298,8 +289,8 @@ case class StreamingUMJoinExec(
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
           val static = kind match {
-            case InputKind.Stream if outerJoins.contains(i) => "left outer: unmatched combinations wait for it, "
-            case InputKind.Stream if filters.contains(i) => "left semi: unmatched combinations wait for it, "
+            case InputKind.Stream if graphShape.outer.contains(i) => "left outer: unmatched combinations wait for it, "
+            case InputKind.Stream if graphShape.filters.contains(i) => "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
@@ -309,8 +300,8 @@ case class StreamingUMJoinExec(
       }
       s"#$i ${inputLabels(i)} ($placement)"
     }.mkString(", ")
-    val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !filters.contains(start) }.map { case (start, route) =>
-      s"#$start: " + StreamingUMJoinExec.routeText(route, layout.steps(graph, route))
+    val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !graphShape.filters.contains(start) }.map { case (start, route) =>
+      s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route))
     }.take(maxFields).mkString("; ")
     val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
     // An outer join's ON clause decides which of its rows match; the other conditions drop combinations.
@@ -326,47 +317,17 @@ case class StreamingUMJoinExec(
 
 object StreamingUMJoinExec {
 
-  /** Where the layout of a StreamingUMJoin's state is recorded: beside its stores, in the checkpoint. */
-  def layoutFile(info: StatefulOperatorStateInfo): Path = new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
-
-  /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
-  def recordLayout(info: StatefulOperatorStateInfo, layoutJson: String, hadoopConf: Configuration): Unit = {
-    val file = layoutFile(info)
-    val files = CheckpointFileManager.create(file.getParent, hadoopConf)
-    if (!files.exists(file)) {
-      val out = files.createAtomic(file, overwriteIfPossible = true)
-      try out.write(layoutJson.getBytes(StandardCharsets.UTF_8)) catch {
-        case e: Throwable =>
-          out.cancel()
-          throw e
-      }
-      out.close()
-    }
-  }
-
   /**
    * A route as `explain()` shows it: `->` a step in the same task, `=>` the partial combinations
    * shuffled to one partition of the next store, `=>*` sent to all its partitions.
    */
-  def routeText(route: ProbeRoute, steps: Seq[RoutedStep]): String =
-    s"#${route.start}" + route.order.tail.zip(steps).map { case (input, step) =>
+  def routeText(plan: Route.Plan): String =
+    s"#${plan.start}" + plan.steps.map { step =>
       val arrow = step.reach match {
-        case Reach.Local => "->"
-        case Reach.ByKey(_) => "=>"
-        case Reach.AllPartitions => "=>*"
+        case Route.Reach.Local => "->"
+        case Route.Reach.ByKey(_) => "=>"
+        case Route.Reach.AllPartitions => "=>*"
       }
-      s" $arrow #$input"
+      s" $arrow #${step.input}"
     }.mkString
-}
-
-/** A Hadoop configuration that travels to the tasks (Configuration itself is not serializable). */
-private final class SerializableHadoopConf(@transient var value: Configuration) extends Serializable {
-  private def writeObject(out: ObjectOutputStream): Unit = {
-    out.defaultWriteObject()
-    value.write(out)
-  }
-  private def readObject(in: ObjectInputStream): Unit = {
-    value = new Configuration(false)
-    value.readFields(in)
-  }
 }

@@ -1,7 +1,6 @@
 package umjoin.spark.streaming
 
-import java.nio.charset.StandardCharsets
-import java.util.{IdentityHashMap, UUID}
+import java.util.IdentityHashMap
 
 import scala.collection.mutable
 
@@ -83,7 +82,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     lazy val adaptive = session.sessionState.conf.adaptiveExecutionEnabled ||
       plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
-      if (plan.exists(_.isInstanceOf[BaseJoinExec]) && StreamingUMJoinRule.firstTime(microBatch.get.runId, StreamingUMJoinRule.AdaptiveStreamStatic))
+      if (plan.exists(_.isInstanceOf[BaseJoinExec]) && StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))
         logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
       plan
     } else if (stateful.isEmpty && microBatch.isEmpty) plan
@@ -94,15 +93,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val joins = plan.collect { case j: BaseJoinExec => j }
       def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
         microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1, session.sessionState.conf.numShufflePartitions))
-      def unconverted(message: String): Unit = if (StreamingUMJoinRule.firstTime(runId, message)) logInfo(s"UMJoin: $message")
+      def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId, session.sparkContext, message)) logInfo(s"UMJoin: $message")
       // Groups are tried several times while being split; an input's first micro-batch is measured once.
       val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
       def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val mismatched = mutable.Map[Long, String]()
       val accepted =
-        if (conf.enabled) GroupSplitting.acceptedGroups[SparkPlan, StreamingGroupPlan](plan, tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched), (_, _, _) => None, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
+        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, conf.minInputs,
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched))
+          .acceptedGroups(plan, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
@@ -126,15 +126,10 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     plan.foreach {
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
         val info = join.getStateInfo
-        val layout = StreamingUMJoinExec.layoutFile(info)
-        val fs = layout.getFileSystem(hadoopConf)
-        val hasLayout = fs.exists(layout)
-        // Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named umjoin-input-<i>.
-        val partition0 = new Path(layout.getParent, "0")
-        val hasUMJoinStores = fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
-        val hasUMJoinState = hasLayout || hasUMJoinStores
+        val checkpoint = new OperatorCheckpoint(info, hadoopConf)
+        val hasUMJoinState = checkpoint.hasUMJoinState
         val isUMJoin = identities.exists(_ eq join)
-        if (isUMJoin && hasUMJoinStores && !hasLayout) {
+        if (isUMJoin && checkpoint.hasStoresWithoutLayout) {
           throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
             s"${info.operatorId} written by an earlier version of UMJoin, whose state layout this version cannot read. Use a new " +
             s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
@@ -227,14 +222,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val read = AttributeSet(resultColumns.flatMap(_._2.references))
     val resultInputs = outputs.flatten.filter(read.contains).distinct
     val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
+    val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
-    val recorded = stateful.isEmpty && stateInfo.exists(hasLayout)
+    val recorded = stateful.isEmpty && checkpoint.exists(_.hasLayout)
     if (streams.isEmpty) Left("it reads no stream")
     else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
     else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
       "broadcast or read again every micro-batch (spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), " +
       "which Spark's stream-static joins do as well, without state")
-    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && ranBefore(stateInfo.get)))
+    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && checkpoint.get.committedBefore))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
     else if (onTop.isLeft) Left(onTop.swap.toOption.get)
@@ -289,7 +285,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             unmatchable = evictionWatermark.flatMap(unmatchable),
             evictionWatermark = evictionWatermark))
         }
-        recordedLayout(info, graph, outputs).map(_.getOrElse {
+        checkpoint.get.recordedLayout(graph, outputs).map(_.getOrElse {
           val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
@@ -347,44 +343,6 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
     else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
     else None
-  }
-
-  /**
-   * Whether the operator committed its stores in the previous micro-batch (so this one can read
-   * them): the first stored input's store in partition 0 has a file of this batch's version, as
-   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).
-   */
-  private def ranBefore(info: StatefulOperatorStateInfo): Boolean = {
-    val operator = StreamingUMJoinExec.layoutFile(info).getParent
-    val partition0 = new Path(operator, "0")
-    val fs = partition0.getFileSystem(session.sessionState.newHadoopConf())
-    fs.exists(partition0) && fs.listStatus(partition0).filter(_.isDirectory).exists { store =>
-      fs.listStatus(store.getPath).exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") || f.getPath.getName.startsWith(s"${info.storeVersion}_"))
-    }
-  }
-
-  private def hasLayout(info: StatefulOperatorStateInfo): Boolean = {
-    val file = StreamingUMJoinExec.layoutFile(info)
-    file.getFileSystem(session.sessionState.newHadoopConf()).exists(file)
-  }
-
-  /** The layout recorded for the operator (None: not yet), or why this group cannot continue its state, said for people. */
-  private def recordedLayout(info: StatefulOperatorStateInfo, graph: JoinGraph, outputs: Seq[Seq[org.apache.spark.sql.catalyst.expressions.Attribute]]): Either[String, Option[StreamingLayout]] = {
-    val file = StreamingUMJoinExec.layoutFile(info)
-    val fs = file.getFileSystem(session.sessionState.newHadoopConf())
-    def refusal(reason: String): String = s"The checkpoint ${info.checkpointLocation} holds " +
-      s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
-      s"checkpoint was written for, or use a new checkpoint location."
-    if (!fs.exists(file)) Right(None)
-    else {
-      val text = try {
-        val in = fs.open(file)
-        try Right(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
-      } catch {
-        case e: java.io.IOException => Left(refusal(s"its layout record $file cannot be read (${e.getMessage})"))
-      }
-      text.flatMap(StreamingLayout.fromJson(_, graph, outputs).map(Some(_)).left.map(refusal))
-    }
   }
 
   /**
@@ -460,12 +418,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
       val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its routes instead of choosing them by " +
         s"${conf.probeOrder.policy.name}: its outer or semi join's non-preserved side is probed last in every route"
-      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message, unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
       val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its recorded routes instead of choosing them by " +
         s"${conf.probeOrder.policy.name}: its checkpoint's state was laid out for the fixed probe order; use a new checkpoint location to probe adaptively"
-      if (StreamingUMJoinRule.firstTime(info.queryRunId, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message, unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     }
     // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else above the StreamingUMJoin.
@@ -482,16 +440,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       }
     }
     require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined), "the stream carrying the watermarks is partitioned")
+    val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
       output = plan.output,
       inputLabels = converted.map(label),
-      classInputs = plan.graph.classes.map(_.members.map(_._1)),
-      classKeys = plan.graph.classes.map(_.members.map(_._2)),
-      residuals = plan.graph.residuals.map(_.condition),
-      residualInputs = plan.graph.residuals.map(_.inputs.toSeq.sorted),
-      filters = plan.graph.filters,
-      outerJoins = plan.graph.outer,
-      residualOuter = plan.graph.residuals.map(_.outer),
+      graphShape = graphShape,
+      graphExpressions = graphExpressions,
       unmatchable = plan.unmatchable,
       layout = layout,
       probeOrder = probeOrder,
@@ -526,21 +480,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 }
 
 object StreamingUMJoinRule {
-  private val logged = mutable.LinkedHashSet[(UUID, String, Boolean)]()
-
   val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them: Spark plans its " +
     "micro-batches adaptively (a query without a stream-stream join), which re-reads every static table every batch; " +
     "set spark.sql.adaptive.enabled=false for the query to store its large static tables in a StreamingUMJoin"
-
-  /**
-   * Whether `message` is new for this query run: what the rule says (why a group stays as Spark
-   * planned it, `unconverted`, or another note) is logged once, not every micro-batch.
-   */
-  def firstTime(runId: UUID, message: String, unconverted: Boolean = true): Boolean = logged.synchronized {
-    if (logged.size > 10000) logged.clear()
-    logged.add((runId, message, unconverted))
-  }
-
-  /** What stayed as Spark planned it in a query run, and why (the messages logged at INFO), in the order first seen. */
-  def unconverted(runId: UUID): Seq[String] = logged.synchronized(logged.toSeq.collect { case (`runId`, message, true) => message })
 }

@@ -2,6 +2,8 @@ package umjoin.spark.core.cost
 
 import scala.collection.mutable
 
+import umjoin.spark.core.probe.Route
+
 /**
  * A streaming group as the probe-cost model sees it (paper 002, CLASH, section IV). `classes(c)`
  * holds the inputs joined on key class c. `candidates(i)` are the classes input i's store may be
@@ -54,7 +56,7 @@ object JoinSizes {
 }
 
 /** A choice of the model: each input's partitioning class (None: broadcast), each start's route, and its probe cost. */
-final case class ProbeChoice(partitioning: IndexedSeq[Option[Int]], routes: Map[Int, ProbeRoute], cost: Double)
+final case class ProbeChoice(partitioning: IndexedSeq[Option[Int]], routes: Map[Int, Route], cost: Double)
 
 /**
  * Paper 002's probe cost (Eq. 1) and the search for the partitioning and routes of least cost.
@@ -81,7 +83,7 @@ object ProbeCost {
     }
 
   /** Eq. 1 for one route. */
-  def route(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], partitions: Int, route: ProbeRoute): Double = {
+  def route(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], partitions: Int, route: Route): Double = {
     val order = route.order
     (1 until order.size).map(j => step(graph, sizes, partitioning, partitions, order.take(j).toSet, order(j))).sum
   }
@@ -96,7 +98,7 @@ object ProbeCost {
    * [[JoinSizes]]). Eq. 1 counts probes only; this tells apart partitionings whose probes cost the
    * same but read a low-cardinality key (a nation) where a selective one (a supplier) was at hand.
    */
-  def scanned(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], route: ProbeRoute): Double = {
+  def scanned(graph: CostGraph, sizes: JoinSizes, partitioning: IndexedSeq[Option[Int]], route: Route): Double = {
     val order = route.order
     route.edges.zipWithIndex.map { case ((_, to), s) =>
       val bound = order.take(s + 1).toSet
@@ -214,13 +216,13 @@ object ProbeCost {
   }
 
   /** A partitioning's routes with their probe cost (Eq. 1), stored rows read and shuffles. */
-  private final case class Evaluated(cost: Double, scanned: Double, shuffles: Int, routes: Map[Int, ProbeRoute])
+  private final case class Evaluated(cost: Double, scanned: Double, shuffles: Int, routes: Map[Int, Route])
 
   /**
    * The route visiting `order`, each step from the earliest bound input that carries the next
    * store's partitioning class (so the step needs no broadcast), else the earliest sharing a class.
    */
-  def routeThrough(graph: CostGraph, partitioning: IndexedSeq[Option[Int]], order: Seq[Int]): ProbeRoute = {
+  def routeThrough(graph: CostGraph, partitioning: IndexedSeq[Option[Int]], order: Seq[Int]): Route = {
     val edges = order.indices.drop(1).map { j =>
       val to = order(j)
       val bound = order.take(j)
@@ -228,11 +230,11 @@ object ProbeCost {
       val from = carriers.headOption.getOrElse(bound.find(graph.neighbours(to).contains).get)
       (from, to)
     }
-    ProbeRoute(order.head, edges)
+    Route(order.head, edges)
   }
 
   /** Steps of a route whose store is partitioned on another class than the previous one: where the partial combinations are shuffled. */
-  def shuffles(graph: CostGraph, partitioning: IndexedSeq[Option[Int]], route: ProbeRoute): Int = {
+  def shuffles(graph: CostGraph, partitioning: IndexedSeq[Option[Int]], route: Route): Int = {
     var location = partitioning(route.start)
     route.order.tail.count { next =>
       partitioning(next) match {
@@ -260,7 +262,7 @@ object ProbeCost {
    * steps. Exhaustive over every route of every (query, start): meant for a few small queries,
    * as in the paper's example. Partitioning is left out (one partition), as in that example.
    */
-  def optimizeJointly(queries: Seq[(CostGraph, IndexedSeq[String], JoinSizes)]): (Double, Seq[Map[Int, ProbeRoute]]) = {
+  def optimizeJointly(queries: Seq[(CostGraph, IndexedSeq[String], JoinSizes)]): (Double, Seq[Map[Int, Route]]) = {
     val choices = queries.flatMap { case (graph, names, sizes) =>
       graph.starts.map { s =>
         orders(graph, s).map { order =>

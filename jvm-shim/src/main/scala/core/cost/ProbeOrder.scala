@@ -2,13 +2,7 @@ package umjoin.spark.core.cost
 
 import scala.collection.mutable
 
-/**
- * A probe sequence for the rows of one input (paper 001, the O[i] of Algorithm 1): each step is
- * an edge from an input already bound to the store probed next; the edges cover every input.
- */
-final case class ProbeRoute(start: Int, edges: Seq[(Int, Int)]) {
-  def order: Seq[Int] = start +: edges.map(_._2)
-}
+import umjoin.spark.core.probe.Route
 
 /** The join graph as the policies see it: which pairs of inputs share a join key (both directions). */
 final case class ProbeGraph(inputs: Int, edges: Seq[(Int, Int)]) {
@@ -50,7 +44,7 @@ final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: St
 sealed trait ProbeOrderPolicy {
   /** The value of spark.umjoin.probeOrder that selects it. */
   def name: String
-  def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute]
+  def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route]
 }
 
 object ProbeOrderPolicy {
@@ -61,14 +55,14 @@ object ProbeOrderPolicy {
   /** The plan's order: the leftmost input connected to those bound (statistics are not used). */
   case object Fixed extends ProbeOrderPolicy {
     override val name = "fixed"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
       starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap
   }
 
   /** MJoin / GrubJoin: next, the store with the fewest expected rows per probe (gamma * mu). */
   case object SelectivityFirst extends ProbeOrderPolicy {
     override val name = "selectivityFirst"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
         val (gamma, mu) = stats.rateOf((from, to))
         cost.fanOutOf((from, to)) * gamma * mu
@@ -78,14 +72,14 @@ object ProbeOrderPolicy {
   /** MultiStream: next, the step of least cost on its own (Eq. 8 without what follows). */
   case object Greedy extends ProbeOrderPolicy {
     override val name = "greedy"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s)((from, to) => cost.step((from, to), stats, 0.0))).toMap
   }
 
   /** dpPick (Algorithm 3): of all sequences of the join graph, the one of least Eq. 8 cost per start. */
   case object DpPick extends ProbeOrderPolicy {
     override val name = "dpPick"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, ProbeRoute] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
       ProbeOrder.dpPick(graph, stats, cost).collect { case (start, (route, _)) if starts.contains(start) => start -> route }
   }
 }
@@ -93,18 +87,18 @@ object ProbeOrderPolicy {
 object ProbeOrder {
 
   /** A route's expected cost per streamed row by Eq. 8 (the sum over its steps, from the last back). */
-  def cost(route: ProbeRoute, stats: CycleStatistics, model: CostModel): Double =
+  def cost(route: Route, stats: CycleStatistics, model: CostModel): Double =
     route.edges.foldRight(0.0)((edge, rest) => model.step(edge, stats, rest))
 
   /** The plan's order from `start`: the leftmost input connected to those bound, from the leftmost bound one. */
-  def fixed(graph: ProbeGraph, start: Int): ProbeRoute = following(graph, start, 0 until graph.inputs)
+  def fixed(graph: ProbeGraph, start: Int): Route = following(graph, start, 0 until graph.inputs)
 
   /**
    * The route from `start` that binds inputs in the order of `preference` as far as the graph
    * allows (next, the first preferred input connected to those bound), each probed from the input
    * bound earliest that connects to it.
    */
-  def following(graph: ProbeGraph, start: Int, preference: Seq[Int]): ProbeRoute = {
+  def following(graph: ProbeGraph, start: Int, preference: Seq[Int]): Route = {
     val rank = preference.zipWithIndex.toMap
     stepwise(graph, start)((_, to) => rank(to).toDouble)
   }
@@ -113,7 +107,7 @@ object ProbeOrder {
    * Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`; on a tie,
    * the edge from the input bound earliest, then to the lowest input.
    */
-  def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => Double): ProbeRoute = {
+  def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => Double): Route = {
     val boundAt = mutable.LinkedHashMap(start -> 0)
     val edges = mutable.ArrayBuffer[(Int, Int)]()
     while (boundAt.size < graph.inputs) {
@@ -123,7 +117,7 @@ object ProbeOrder {
       edges += next
       boundAt(next._2) = boundAt.size
     }
-    ProbeRoute(start, edges.toSeq)
+    Route(start, edges.toSeq)
   }
 
   /** Algorithm 4 (getSequences): every sequence of edges that reaches all inputs from `start`. */
@@ -142,7 +136,7 @@ object ProbeOrder {
    * Algorithm 3 (optimizeProbeOrder_dpPick): each sequence's cost by Eq. 8, a sub-sequence's cost
    * computed once and remembered; per start input the sequence of least cost, with that cost.
    */
-  def dpPick(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel): Map[Int, (ProbeRoute, Double)] = {
+  def dpPick(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel): Map[Int, (Route, Double)] = {
     val memo = mutable.HashMap[List[(Int, Int)], Double](Nil -> 0.0)
     def calculateCost(edge: (Int, Int), rest: List[(Int, Int)]): Double = {
       val restCost = memo.getOrElse(rest, {
@@ -152,11 +146,11 @@ object ProbeOrder {
       })
       cost.step(edge, stats, restCost)
     }
-    val best = mutable.LinkedHashMap[Int, (ProbeRoute, Double)]()
+    val best = mutable.LinkedHashMap[Int, (Route, Double)]()
     (0 until graph.inputs).foreach { start =>
       sequences(graph, start).foreach { sequence =>
         val c = calculateCost(sequence.head, sequence.tail)
-        if (best.get(start).forall(c < _._2)) best(start) = (ProbeRoute(start, sequence), c)
+        if (best.get(start).forall(c < _._2)) best(start) = (Route(start, sequence), c)
       }
     }
     best.toMap

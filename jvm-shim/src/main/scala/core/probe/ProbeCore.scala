@@ -3,7 +3,6 @@ package umjoin.spark.core.probe
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection}
-import org.apache.spark.sql.catalyst.plans.{JoinType, LeftAnti, LeftOuter, LeftSemi}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 import umjoin.spark.core.cost.ProbeCounters
@@ -13,33 +12,45 @@ import umjoin.spark.core.store.JoinStore
 final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric,
     nullPadded: Option[SQLMetric] = None)
 
-/**
- * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
- * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
- * none), and `from`, the route's edge source the statistics are kept for. A LeftSemi or LeftAnti
- * step only lets the combination go on (once) or not, binding nothing. A LeftOuter step binds each
- * row satisfying `condition` (its ON clause), or `nullRow` when none does, and lets the combination
- * go on where `post` holds (null: always); with `unmatched` (a streaming UMJoin's: a later row may
- * still match), a combination none matches is handed to it instead of being padded (outer) or dropped (semi).
- */
-final class ProbeStep(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
-    val metrics: InputMetrics, val joinType: JoinType, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
-  val semi: Boolean = joinType == LeftSemi
-  val anti: Boolean = joinType == LeftAnti
-  val outer: Boolean = joinType == LeftOuter
+/** The names of input i's counters: the same in batch (SQL metrics) and in streaming (the progress's custom metrics). */
+object InputMetrics {
+  def rowsIn(i: Int): String = s"rowsInInput$i"
+  def probes(i: Int): String = s"probesInput$i"
+  def matches(i: Int): String = s"matchesInput$i"
+  def earlyStops(i: Int): String = s"earlyStopsInput$i"
+  def nullPadded(i: Int): String = s"nullPaddedInput$i"
 }
 
 /** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
-final class CompiledRoute(val steps: Array[ProbeStep], val streamedCondition: BasePredicate, val output: UnsafeProjection)
+final class CompiledRoute(val steps: Array[CompiledRoute.Step], val streamedCondition: BasePredicate, val output: UnsafeProjection)
 
 object CompiledRoute {
+
+  /**
+   * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
+   * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
+   * none), and `from`, the route's edge source the statistics are kept for. `rule` says what a match
+   * and its absence do ([[StepRule]]); an outer step binds each row satisfying `condition` (its ON
+   * clause), or `nullRow` when none does, and lets the combination go on where `post` holds (null:
+   * always). With `unmatched` (a streaming UMJoin's: a later row may still match), a combination none
+   * matches is handed to it instead of being padded (outer) or dropped (semi).
+   */
+  final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
+      val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
+    // The rule's answers as fields: read for every probe.
+    val firstMatchOnly: Boolean = rule.firstMatchOnly
+    val goesOnMatched: Boolean = rule.goesOnMatched
+    val goesOnAsIs: Boolean = rule.noMatch == StepRule.GoesOnAsIs
+    val padded: Boolean = rule.noMatch == StepRule.Padded
+    val emptyStoreEndsAll: Boolean = rule.emptyStoreEndsAll
+  }
 
   /**
    * Compiles a route's steps within a task. `storeOf(input, index)` is the store probed through
    * that index; `keyed` turns probe keys into the form the stores are keyed by.
    */
   def apply(
-      plan: RoutePlan,
+      plan: Route.Plan,
       outputs: Seq[Seq[Attribute]],
       result: Seq[Attribute],
       storeOf: (Int, StoreIndex) => JoinStore,
@@ -56,7 +67,7 @@ object CompiledRoute {
    * outer or semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
    */
   def segment(
-      plan: RoutePlan,
+      plan: Route.Plan,
       from: Int,
       until: Int,
       outputs: Seq[Seq[Attribute]],
@@ -67,7 +78,7 @@ object CompiledRoute {
       partition: Int,
       unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None): CompiledRoute = {
     val order = plan.route.order
-    val binds = plan.steps.map(_.input).zip(plan.steps.map(_.binds)).toMap.withDefaultValue(true)
+    val binds = plan.steps.map(_.input).zip(plan.steps.map(_.rule.binds)).toMap.withDefaultValue(true)
     // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
     val prefixes = order.indices.map(p => order.take(p + 1).filter(binds).flatMap(outputs))
     def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate = conditions.reduceOption(And).map { c =>
@@ -78,10 +89,10 @@ object CompiledRoute {
     val steps = (from until until).map { s =>
       val step = plan.steps(s)
       val attrs = prefixes(s) ++ outputs(step.input)
-      new ProbeStep(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
-        predicate(step.conditions, attrs), metrics(step.input), step.joinType, predicate(step.postConditions, attrs),
+      new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
+        predicate(step.conditions, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
         new GenericInternalRow(outputs(step.input).size),
-        if (step.joinType == LeftOuter || step.joinType == LeftSemi) unmatched.map(_(prefixes(s))).orNull else null)
+        if (step.rule.waitsForLaterRows) unmatched.map(_(prefixes(s))).orNull else null)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
     val output = if (until == plan.steps.size) result else prefixes(until)
@@ -119,7 +130,7 @@ final class ProbeCore(
     rerouting: Option[Rerouting] = None) {
 
   def join(streamed: Iterator[InternalRow]): Iterator[InternalRow] =
-    if (initial.steps.exists(s => s.store.isEmpty && !s.anti && !s.outer)) Iterator.empty else new Combinations(streamed)
+    if (initial.steps.exists(s => s.store.isEmpty && s.emptyStoreEndsAll)) Iterator.empty else new Combinations(streamed)
 
   private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
     private var route = initial
@@ -200,41 +211,14 @@ final class ProbeCore(
     }
 
     /**
-     * Binds the next stored row of step k that satisfies its conditions. A semi step goes on once
-     * at its first such row, an anti step once if there is none; neither binds a row. An outer step
-     * binds, once its rows ran out without one satisfying its ON clause, a row of NULLs.
+     * Binds the next stored row of step k that satisfies its conditions, as its [[StepRule]] says: a
+     * step that stops at its first match (semi, anti) lets the combination go on at most once,
+     * binding nothing; a binding step (inner, outer) binds each such row in turn, and an outer one,
+     * once its rows ran out without one satisfying its ON clause, a row of NULLs.
      */
     private def nextMatch(k: Int): Boolean = {
       val step = route.steps(k)
-      if (step.outer) {
-        while (candidates(k) != null && candidates(k).hasNext) {
-          val row = joined(k)(bound(k), candidates(k).next())
-          if (step.condition == null || step.condition.eval(row)) {
-            step.metrics.matches += 1
-            anyMatch(k) = true
-            if (step.post == null || step.post.eval(row)) {
-              found(k) += 1
-              bound(k + 1) = row
-              return true
-            }
-          }
-        }
-        if (candidates(k) == null || anyMatch(k)) return false
-        candidates(k) = null  // the NULL row is bound once
-        if (step.unmatched != null) {
-          step.unmatched(bound(k))
-          return false
-        }
-        step.metrics.nullPadded.foreach(_ += 1)
-        val row = joined(k)(bound(k), step.nullRow)
-        if (step.post == null || step.post.eval(row)) {
-          found(k) += 1
-          bound(k + 1) = row
-          return true
-        }
-        return false
-      }
-      if (step.semi || step.anti) {
+      if (step.firstMatchOnly) {
         if (candidates(k) == null) return false  // this combination went on already
         var matched = false
         while (!matched && candidates(k).hasNext) {
@@ -244,21 +228,37 @@ final class ProbeCore(
         candidates(k) = null
         if (matched) step.metrics.matches += 1
         else if (step.unmatched != null) step.unmatched(bound(k))
-        val goesOn = matched == step.semi
+        val goesOn = if (matched) step.goesOnMatched else step.goesOnAsIs
         if (goesOn) {
           found(k) += 1
           bound(k + 1) = bound(k)
         }
         return goesOn
       }
-      while (candidates(k).hasNext) {
+      while (candidates(k) != null && candidates(k).hasNext) {
         val row = joined(k)(bound(k), candidates(k).next())
         if (step.condition == null || step.condition.eval(row)) {
           step.metrics.matches += 1
-          found(k) += 1
-          bound(k + 1) = row
-          return true
+          anyMatch(k) = true
+          if (step.post == null || step.post.eval(row)) {
+            found(k) += 1
+            bound(k + 1) = row
+            return true
+          }
         }
+      }
+      if (!step.padded || candidates(k) == null || anyMatch(k)) return false
+      candidates(k) = null  // the NULL row is bound once
+      if (step.unmatched != null) {
+        step.unmatched(bound(k))
+        return false
+      }
+      step.metrics.nullPadded.foreach(_ += 1)
+      val row = joined(k)(bound(k), step.nullRow)
+      if (step.post == null || step.post.eval(row)) {
+        found(k) += 1
+        bound(k + 1) = row
+        return true
       }
       false
     }

@@ -3,10 +3,9 @@ package umjoin.spark.core.probe
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
-import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter}
 
 import umjoin.spark.core.{JoinGraph, ResidualCondition}
-import umjoin.spark.core.cost.{ProbeGraph, ProbeRoute}
+import umjoin.spark.core.cost.ProbeGraph
 
 /**
  * An index of a store: its key is the input's expression for each of `classes`, in this order. An
@@ -17,24 +16,6 @@ final case class StoreIndex(classes: Seq[Int])
 object StoreIndex {
   def single(keyClass: Int): StoreIndex = StoreIndex(Seq(keyClass))
 }
-
-/**
- * One step of a probe route: `input`'s store is probed through `index` with `probeKeys` (its
- * classes' values, from inputs bound earlier); `conditions` are checked once the stored row is
- * bound. `from` is the route's edge source, which the statistics are kept for. `joinType` is Inner
- * (each matching row is bound in turn), LeftSemi (the combination goes on once if a row matches,
- * binding nothing), LeftAnti (it goes on if none does) or LeftOuter (each matching row is bound in
- * turn, or a row of NULLs if none matches). For LeftOuter, `conditions` are its ON clause's, which
- * decide what matches, and `postConditions` the others that become complete with this input,
- * checked on the bound row, NULL-padded or not.
- */
-final case class StepPlan(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
-    joinType: JoinType = Inner, postConditions: Seq[Expression] = Nil) {
-  def binds: Boolean = joinType == Inner || joinType == LeftOuter
-}
-
-/** A route turned into steps: the conditions on the start row alone, then one step per other input. */
-final case class RoutePlan(route: ProbeRoute, startConditions: Seq[Expression], steps: Seq[StepPlan])
 
 /**
  * How a route runs over a join graph. Each step probes one index of the probed store whose classes
@@ -51,7 +32,7 @@ object ProbeSteps {
          if i != j && joinGraph.classes.exists(c => c.inputs.contains(i) && c.inputs.contains(j))) yield (i, j))
 
   /** The steps of `route`; `indexed(i)` are the indexes input i's store can be probed through. */
-  def along(joinGraph: JoinGraph, route: ProbeRoute, indexed: Int => Seq[StoreIndex]): RoutePlan = {
+  def along(joinGraph: JoinGraph, route: Route, indexed: Int => Seq[StoreIndex]): Route.Plan = {
     val classes = joinGraph.classes
     val value = mutable.Map[Int, Expression]() // bound class -> its value (the first bound expression)
     val placed = mutable.Set[ResidualCondition]()
@@ -102,8 +83,8 @@ object ProbeSteps {
         .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
       val (conditions, after) = bind(to, index.classes, bound)
       bound += to
-      StepPlan(to, from, index, index.classes.map(value), conditions, joinGraph.stepType(to), after)
+      Route.Step(to, from, index, index.classes.map(value), conditions, joinGraph.stepRule(to), after)
     }
-    RoutePlan(route, startConditions, steps)
+    Route.Plan(route, startConditions, steps)
   }
 }

@@ -1,7 +1,5 @@
 package umjoin.spark.core.tsc
 
-import scala.jdk.CollectionConverters._
-
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
 import org.apache.spark.sql.catalyst.plans.{Cross, Inner, JoinType, LeftAnti, LeftOuter, LeftSemi, RightOuter}
@@ -33,17 +31,12 @@ object LogicalPatterns {
       "Project" -> NodeKind[LogicalPlan](_.isInstanceOf[Project], isJoin = false),
       "Filter" -> NodeKind[LogicalPlan](_.isInstanceOf[Filter], isJoin = false)),
     checks = Map(
-      "joinType" -> Check[LogicalPlan](Set("Join"), s"takes a list of join types (supported: ${supportedJoinTypes.keys.toSeq.sorted.mkString(", ")})", arg => {
-        val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
-        val unknown = names.filterNot(supportedJoinTypes.contains)
-        if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
-        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a UMJoin member; UMJoin computes inner, left semi, " +
-          "left anti, left outer and right outer joins (full outer joins stay as Spark plans them and may be inputs of a group)")
-        else {
-          val types = names.map(supportedJoinTypes).toSet
-          Right { case j: Join => types.contains(j.joinType); case _ => false }
-        }
-      }),
+      "joinType" -> MemberPatterns.joinTypes[LogicalPlan](Set("Join"), supportedJoinTypes,
+        "cannot be a UMJoin member; UMJoin computes inner, left semi, left anti, left outer and right outer joins " +
+          "(full outer joins stay as Spark plans them and may be inputs of a group)") {
+        case j: Join => Some(j.joinType)
+        case _ => None
+      },
       "equiJoinKey" -> MemberPatterns.flag[LogicalPlan](Set("Join")) {
         case ExtractEquiJoinKeys(_, leftKeys, _, _, _, _, _, _) => leftKeys.nonEmpty
         case _ => false

@@ -12,6 +12,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.dataformat.yaml.YAMLFactory
 
 import org.apache.spark.sql.catalyst.trees.TreeNode
+import org.apache.spark.sql.catalyst.plans.JoinType
 
 /** A plan node class a rules file may name, and whether it is a binary join or a unary node. */
 final case class NodeKind[T](matches: T => Boolean, isJoin: Boolean)
@@ -139,6 +140,22 @@ object MemberPatterns {
     node.fieldNames.asScala.find(k => !known.contains(k))
 
   /** A check whose only argument is `true` (the rules file states it holds). */
+  /**
+   * The `joinType` check: the node's join type is one of a list of `supported` names; `unsupported`
+   * says why a name outside it cannot be a member; `joinTypeOf` reads a node's join type.
+   */
+  def joinTypes[T](appliesTo: Set[String], supported: Map[String, JoinType], unsupported: String)(joinTypeOf: T => Option[JoinType]): Check[T] =
+    Check(appliesTo, s"takes a list of join types (supported: ${supported.keys.toSeq.sorted.mkString(", ")})", arg => {
+      val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
+      val unknown = names.filterNot(supported.contains)
+      if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
+      else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} $unsupported")
+      else {
+        val types = names.map(supported).toSet
+        Right(node => joinTypeOf(node).exists(types.contains))
+      }
+    })
+
   def flag[T](appliesTo: Set[String])(test: T => Boolean): Check[T] =
     Check(appliesTo, "takes `true`", arg =>
       if (arg.isBoolean && arg.asBoolean) Right(test) else Left("remove the line to drop the check"))

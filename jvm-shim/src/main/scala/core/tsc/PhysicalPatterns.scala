@@ -1,7 +1,5 @@
 package umjoin.spark.core.tsc
 
-import scala.jdk.CollectionConverters._
-
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.execution.{FilterExec, ProjectExec, SortExec, SparkPlan}
@@ -48,17 +46,9 @@ object PhysicalPatterns {
       "ProjectExec" -> NodeKind[SparkPlan](_.isInstanceOf[ProjectExec], isJoin = false),
       "FilterExec" -> NodeKind[SparkPlan](_.isInstanceOf[FilterExec], isJoin = false)),
     checks = Map(
-      "joinType" -> Check[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", "takes a list of join types (supported: Inner, LeftOuter, RightOuter, LeftSemi)", arg => {
-        val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
-        val unknown = names.filterNot(supportedJoinTypes.contains)
-        if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
-        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} cannot be a streaming UMJoin member; it computes inner joins " +
-          "and one left outer, right outer or left semi stream-stream join on top of a group")
-        else {
-          val types = names.map(supportedJoinTypes).toSet
-          Right(node => joinTypeOf(node).exists(types.contains))
-        }
-      }),
+      "joinType" -> MemberPatterns.joinTypes[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", supportedJoinTypes,
+        "cannot be a streaming UMJoin member; it computes inner joins and one left outer, right outer or left semi " +
+          "stream-stream join on top of a group")(joinTypeOf),
       "stateful" -> MemberPatterns.flag[SparkPlan](Set("StreamingSymmetricHashJoinExec")) {
         case j: StreamingSymmetricHashJoinExec => j.stateInfo.isDefined
         case _ => false

@@ -1,0 +1,216 @@
+package umjoin.spark.streaming
+
+import java.nio.charset.StandardCharsets
+
+import org.json4s.JsonAST._
+import org.json4s.jackson.JsonMethods.{compact, parse, render}
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+
+import org.apache.spark.sql.catalyst.expressions.Attribute
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+
+import umjoin.spark.core.JoinGraph
+import umjoin.spark.core.probe.{Route, StoreIndex}
+
+/**
+ * A StreamingUMJoin's own files in its query's checkpoint, all read and written here: the record of
+ * its state's layout (`<checkpoint>/state/<operator>/_umjoin_layout.json`, beside its stores), its
+ * format, and what the stores there say about who wrote them. The rule asks it whether a group can
+ * continue the state it finds; the operator records the layout when its state starts.
+ */
+final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Configuration) {
+  import OperatorCheckpoint._
+
+  /** Where the layout is recorded. */
+  val layoutFile: Path = new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
+  private lazy val fs = layoutFile.getFileSystem(hadoopConf)
+  private def partition0 = new Path(layoutFile.getParent, "0")
+
+  def hasLayout: Boolean = fs.exists(layoutFile)
+
+  /** Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named umjoin-input-<i>. */
+  def hasStoresWithoutLayout: Boolean =
+    !hasLayout && fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
+
+  /** Whether a StreamingUMJoin's state is here (recorded layout, or stores of an earlier version). */
+  def hasUMJoinState: Boolean = hasLayout || hasStoresWithoutLayout
+
+  /**
+   * Whether the operator committed its stores in the previous micro-batch (so this one can read
+   * them): the first stored input's store in partition 0 has a file of this batch's version, as
+   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).
+   */
+  def committedBefore: Boolean =
+    fs.exists(partition0) && fs.listStatus(partition0).filter(_.isDirectory).exists { store =>
+      fs.listStatus(store.getPath).exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") || f.getPath.getName.startsWith(s"${info.storeVersion}_"))
+    }
+
+  /** The layout recorded for the operator (None: not yet), or why this group cannot continue its state, said for people. */
+  def recordedLayout(graph: JoinGraph, outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
+    if (!fs.exists(layoutFile)) Right(None)
+    else {
+      val text = try {
+        val in = fs.open(layoutFile)
+        try Right(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
+      } catch {
+        case e: java.io.IOException => Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
+      }
+      text.flatMap(fromJson(_, graph, outputs).map(Some(_)).left.map(refusal))
+    }
+
+  /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
+  def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]], labels: Seq[String]): Unit = {
+    val files = CheckpointFileManager.create(layoutFile.getParent, hadoopConf)
+    if (!files.exists(layoutFile)) {
+      val out = files.createAtomic(layoutFile, overwriteIfPossible = true)
+      try out.write(toJson(layout, graph, outputs, labels).getBytes(StandardCharsets.UTF_8)) catch {
+        case e: Throwable =>
+          out.cancel()
+          throw e
+      }
+      out.close()
+    }
+  }
+
+  /** Why this query cannot continue the operator's state, with what to do. */
+  def refusal(reason: String): String = s"The checkpoint ${info.checkpointLocation} holds " +
+    s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
+    s"checkpoint was written for, or use a new checkpoint location."
+}
+
+object OperatorCheckpoint {
+
+  /**
+   * The version of the state's layout this code writes; it reads this one and the ones before
+   * (format 1: single-class indexes; format 2: no stored static tables).
+   */
+  val Format = 3
+
+  /** The layout as the checkpoint keeps it: classes named by each input's key expression, so they are found again after a restart. */
+  private[streaming] def toJson(layout: StreamingLayout, graph: JoinGraph, inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
+    def key(input: Int, c: Int): JValue = JString(keyName(graph, input, c))
+    val inputJson = inputs.indices.map { i =>
+      JObject(List[JField](
+        "label" -> JString(labels(i)),
+        "kind" -> JString(layout.kinds(i).name),
+        "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
+        "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
+        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
+        (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
+    }
+    val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
+      JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
+    }
+    compact(render(JObject(
+      "format" -> JInt(Format),
+      "inputs" -> JArray(inputJson.toList),
+      "routes" -> JArray(routeJson.toList),
+      "predictedProbeCost" -> JDouble(layout.predictedCost),
+      "statistics" -> JString(layout.statistics))))
+  }
+
+  /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
+  private[streaming] def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): Either[String, StreamingLayout] =
+    try Right(read(text, graph, inputs)) catch { case m: LayoutMismatch => Left(m.getMessage) }
+
+  private final class LayoutMismatch(reason: String) extends Exception(reason)
+
+  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): StreamingLayout = {
+    def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
+    val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
+    json \ "format" match {
+      case JInt(f) if f >= 1 && f <= Format =>
+      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version reads formats 1 to $Format)")
+      case _ => fail("its layout record has no format")
+    }
+    val recorded = json \ "inputs" match {
+      case JArray(items) => items
+      case _ => fail("its layout record has no inputs")
+    }
+    if (recorded.size != inputs.size) fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
+    def classOf(input: Int, key: String): Int =
+      graph.classes.indices.find(c => graph.classes(c).keyOf(input).isDefined && keyName(graph, input, c) == key)
+        .getOrElse(fail(s"input #$input was stored by $key, which this join does not join it on"))
+    val parsed = recorded.zipWithIndex.map { case (item, i) =>
+      val kind = item \ "kind" match {
+        case JString(k) => InputKind.byName.getOrElse(k, fail(s"input #$i has an unknown kind $k"))
+        case _ => fail(s"input #$i has no kind in its layout record")
+      }
+      val cols = item \ "columns" match {
+        case JArray(cs) => cs.collect { case JString(c) => c }
+        case _ => Nil
+      }
+      if (cols != columns(inputs(i))) fail(s"input #$i had columns (${cols.mkString(", ")}), now (${columns(inputs(i)).mkString(", ")})")
+      val partition = item \ "partitionedBy" match {
+        case JString(k) => Some(classOf(i, k))
+        case _ => None
+      }
+      // Format 1 recorded an index as its one key; format 2 as the list of its keys.
+      val indexes = item \ "indexedBy" match {
+        case JArray(ixs) => ixs.collect {
+          case JString(k) => StoreIndex.single(classOf(i, k))
+          case JArray(ks) => StoreIndex(ks.collect { case JString(k) => classOf(i, k) })
+        }
+        case _ => Nil
+      }
+      val joinType = item \ "joinType" match {
+        case JString(t) => t
+        case _ => "inner"
+      }
+      val current = if (graph.outer.contains(i)) OuterJoinType else "inner"
+      if (joinType != current) fail(s"input #$i was joined as $joinType, now as $current")
+      (kind, partition, indexes)
+    }.toIndexedSeq
+    val routes = json \ "routes" match {
+      case JArray(items) => items.map { item =>
+        val start = item \ "start" match {
+          case JInt(s) => s.toInt
+          case _ => fail("a recorded route has no start")
+        }
+        val edges = item \ "edges" match {
+          case JArray(es) => es.collect { case JArray(List(JInt(f), JInt(t))) => (f.toInt, t.toInt) }
+          case _ => Nil
+        }
+        start -> Route(start, edges)
+      }.toMap
+      case _ => fail("its layout record has no routes")
+    }
+    val cost = json \ "predictedProbeCost" match {
+      case JDouble(c) => c
+      case JInt(c) => c.toDouble
+      case _ => 0.0
+    }
+    val statistics = json \ "statistics" match {
+      case JString(text) => text
+      case _ => "not recorded"
+    }
+    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics)
+    layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>
+      fail(s"its recorded probe routes do not fit this join (none from input #$s through all ${inputs.size} inputs)")
+    }
+    // A semi join's stream starts no route (its rows only let combinations through): its recorded route is never probed.
+    routes.values.filterNot(r => graph.filters.contains(r.start)).foreach { r =>
+      scala.util.Try(layout.plan(graph, r)).failed.foreach(e => fail(s"its recorded probe routes do not fit this join (route ${r.order.mkString(" -> ")}: ${e.getMessage})"))
+    }
+    layout
+  }
+
+  /**
+   * How the layout record names input `input`'s key for class `c`: its expression; for an outer
+   * join's ON key (a class of its own, whose expression of the other input may be in another class
+   * too), followed by `ON` and the outer input's expression.
+   */
+  private def keyName(graph: JoinGraph, input: Int, c: Int): String = {
+    val expression = graph.classes(c).keyOf(input).get.sql
+    graph.outer.keys.find(o => o != input && graph.classes(c).inputs.contains(o))
+      .fold(expression)(o => s"$expression ON ${graph.classes(c).keyOf(o).get.sql}")
+  }
+
+  /** How the layout record names an outer join's non-preserved input (the others are inner, and not named: older records read the same). */
+  private val OuterJoinType = "left outer"
+
+  private def columns(attributes: Seq[Attribute]): List[String] = attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
+}
