@@ -13,9 +13,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["EXTENSION_CLASS", "configure", "jar_path"]
+__all__ = ["EXPLAIN_CLASS", "EXTENSION_CLASS", "configure", "jar_path"]
 
 EXTENSION_CLASS = "umjoin.spark.UMJoinExtensions"
+#: Says in explain("extended") why joins stay Spark's (Spark's spark.sql.extendedExplainProviders).
+EXPLAIN_CLASS = "umjoin.spark.UMJoinExplain"
 _JAR = Path(__file__).parent / "jars" / "umjoin-spark.jar"
 
 
@@ -36,7 +38,8 @@ def _append(current: str | None, value: str) -> str:
 
 
 def configure(builder: SparkSession.Builder, **settings: str) -> SparkSession.Builder:
-    """Adds the UMJoin jar and extension to ``builder``, keeping jars and extensions already set.
+    """Adds the UMJoin jar, extension and explain provider to ``builder``, keeping jars, extensions and
+    providers already set.
 
     ``settings`` are UMJoin settings without the ``spark.umjoin.`` prefix, e.g.
     ``configure(builder, minInputs="4")``.
@@ -44,6 +47,7 @@ def configure(builder: SparkSession.Builder, **settings: str) -> SparkSession.Bu
     options = builder._options  # the settings given to this builder so far
     builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
     builder.config("spark.sql.extensions", _append(options.get("spark.sql.extensions"), EXTENSION_CLASS))
+    builder.config("spark.sql.extendedExplainProviders", _append(options.get("spark.sql.extendedExplainProviders"), EXPLAIN_CLASS))
     for key, value in settings.items():
         builder.config(f"spark.umjoin.{key}", value)
     return builder

@@ -30,6 +30,7 @@ __all__ = [
     "render_lines",
     "tsc_groups",
     "unconverted_streaming_joins",
+    "why_not",
     "umjoin_nodes",
 ]
 
@@ -115,6 +116,13 @@ def unconverted_streaming_joins(spark: SparkSession, query: StreamingQuery) -> l
     ``umjoin.spark``)."""
     inspection = spark._jvm.umjoin.spark.PlanInspection
     return list(json.loads(inspection.unconvertedStreamingJoins(str(query.runId))))
+
+
+def why_not(df: DataFrame) -> list[str]:
+    """Why each join of batch DataFrame ``df`` that stays as Spark plans it is not part of a UMJoin:
+    one sentence per join, naming it (type, tables, condition) and the reason, as logged once per
+    query at INFO (logger ``umjoin.spark``). Plans ``df`` if it was not planned yet."""
+    return [f"{join}: {reason}" for join, reason in json.loads(_inspection(df).whyNot(df._jdf.queryExecution()))]
 
 
 def _logical(df: DataFrame, stage: str) -> Any:

@@ -10,8 +10,9 @@ import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.trees.TreeNode
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
+import org.apache.spark.sql.execution.QueryExecution
 
-import umjoin.spark.batch.InputLabels
+import umjoin.spark.batch.{BatchUMJoinStrategy, InputLabels}
 import umjoin.spark.core.tsc.{LogicalPatterns, MultiJoin, TwoStepConvert}
 import umjoin.spark.streaming.StreamingRegistry
 
@@ -58,6 +59,12 @@ object PlanInspection {
     case stage: QueryStageExec => seeThrough(stage.plan)
     case other => other
   }
+
+  /** Why each join of a batch query stays as Spark plans it: `[[join, reason], ...]` (see [[BatchUMJoinStrategy.whyNot]]). */
+  def whyNot(execution: QueryExecution): String =
+    compact(render(JArray(BatchUMJoinStrategy.whyNot(execution.executedPlan).map { case (_, join, reason) =>
+      JArray(List(JString(join), JString(reason)))
+    }.toList)))
 
   /** Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a JSON array of messages. */
   def unconvertedStreamingJoins(runId: String): String =

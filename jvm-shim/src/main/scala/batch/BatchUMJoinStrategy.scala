@@ -9,6 +9,9 @@ import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.plans.physical.BroadcastDistribution
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
+import org.apache.spark.sql.catalyst.trees.TreeNodeTag
+import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanHelper
+import org.apache.spark.sql.execution.joins.BaseJoinExec
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{Cut, FilterJoin, GroupSplitting, JoinGraph, OuterJoin}
@@ -35,10 +38,23 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
         new GroupSplitting[LogicalPlan, UMJoinPlan](tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle).groupAt(join) match {
           case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
           case Left(reason) =>
-            logDebug(s"UMJoin: join ${join.simpleString(5)} stays as Spark plans it: $reason")
+            explainRefusal(join, if (reason == GroupSplitting.NotAGroupRoot) patterns.whyNot(join) else Some(reason))
             Nil
         }
       case _ => Nil
+    }
+  }
+
+  /**
+   * Says once per query why a join stays as Spark plans it: at INFO, and as a tag on the logical
+   * join that `umjoin.plans.why_not` and `explain("extended")` read ([[BatchUMJoinStrategy.whyNot]]).
+   * A join that is a member of a group rooted above it has no reason of its own (None).
+   */
+  private def explainRefusal(join: Join, reason: Option[String]): Unit = reason.foreach { why =>
+    // AQE re-plans copies of the same logical joins, which carry the tag: said once.
+    if (join.getTagValue(BatchUMJoinStrategy.WhyNotTag).isEmpty) {
+      join.setTagValue(BatchUMJoinStrategy.WhyNotTag, why)
+      logInfo(s"UMJoin: ${BatchUMJoinStrategy.describe(join)} stays as Spark plans it: $why")
     }
   }
 
@@ -142,5 +158,30 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
         case _ => None
       },
       children = group.inputs.map(planLater))
+  }
+}
+
+object BatchUMJoinStrategy {
+  /** Why a logical join stays as Spark plans it, once the strategy has planned it. */
+  val WhyNotTag: TreeNodeTag[String] = TreeNodeTag[String]("umjoin.whyNot")
+
+  /** A join as people name it: its type, the tables on each side, and its condition. */
+  def describe(join: Join): String =
+    s"the ${join.joinType.sql} join of ${InputLabels.of(join.left)} and ${InputLabels.of(join.right)}" +
+      join.condition.map(c => s" on ${c.sql}").getOrElse(" without a condition")
+
+  /**
+   * Every join of a physical plan that stays as Spark planned it, with why: (the join as
+   * `explain()` names it, the join as people name it, the reason), in plan order, through AQE's
+   * stages. The reason is on the logical join the physical one was planned from (Spark plans a
+   * copy of the optimized plan, so the physical plan is the way to it).
+   */
+  def whyNot(plan: SparkPlan): Seq[(String, String, String)] = {
+    val helper = new AdaptiveSparkPlanHelper {}
+    helper.collect(plan) { case join: BaseJoinExec => join }.flatMap { join =>
+      join.logicalLink.collect { case logical: Join => logical }.flatMap { logical =>
+        logical.getTagValue(WhyNotTag).map(reason => (join.nodeName, describe(logical), reason))
+      }
+    }.distinct
   }
 }

@@ -32,8 +32,7 @@ final class GroupSplitting[T <: TreeNode[T], P](
     def rootGroup(splitAt: Seq[T]): Option[MultiJoinGroup[T]] =
       tsc.createMultiJoinGroups(root, splitAt).find(_.root eq root)
 
-    // Why the whole group could not run as one: said with the reason the split ends on, which may be
-    // only a consequence of splitting (too few inputs left).
+    // Why the whole group could not run as one.
     var whole: Option[String] = None
 
     def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
@@ -61,10 +60,8 @@ final class GroupSplitting[T <: TreeNode[T], P](
           }
       }
     }
-    attempt(Nil).left.map(reason => whole match {
-      case Some(first) if !reason.contains(first) => s"the group cannot run as one UMJoin: $first; split at its joins, $reason"
-      case _ => reason
-    })
+    // The reason the whole group could not run decides; what splitting then ran into is a consequence.
+    attempt(Nil).left.map(reason => whole.fold(reason)(first => s"the group cannot run as one UMJoin: $first"))
   }
 
   /**

@@ -37,15 +37,15 @@ object LogicalPatterns {
         case j: Join => Some(j.joinType)
         case _ => None
       },
-      "equiJoinKey" -> MemberPatterns.flag[LogicalPlan](Set("Join")) {
+      "equiJoinKey" -> MemberPatterns.flag[LogicalPlan](Set("Join"), "it has no equality between its two sides: UMJoin finds matches by key") {
         case ExtractEquiJoinKeys(_, leftKeys, _, _, _, _, _, _) => leftKeys.nonEmpty
         case _ => false
       },
-      "noUserJoinHint" -> MemberPatterns.flag[LogicalPlan](Set("Join")) {
+      "noUserJoinHint" -> MemberPatterns.flag[LogicalPlan](Set("Join"), "it carries a join strategy hint, which Spark follows") {
         case j: Join => !hasUserHint(j.hint.leftHint) && !hasUserHint(j.hint.rightHint)
         case _ => false
       },
-      "attributesOnly" -> MemberPatterns.flag[LogicalPlan](Set("Project")) {
+      "attributesOnly" -> MemberPatterns.flag[LogicalPlan](Set("Project"), "it computes columns") {
         case p: Project => p.projectList.forall(_.isInstanceOf[Attribute])
         case _ => false
       }))

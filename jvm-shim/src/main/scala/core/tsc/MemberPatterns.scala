@@ -19,16 +19,17 @@ final case class NodeKind[T](matches: T => Boolean, isJoin: Boolean)
 
 /**
  * A condition a rules file may put under `when`. `build` turns the YAML argument into the test,
- * or says why the argument is wrong. Safety never depends on these: the planner checks every group
- * it converts on its own; a pattern only decides which nodes TSC tries to group.
+ * or says why the argument is wrong; `fails` says what a node failing it is, for the users told why
+ * a join stays Spark's. Safety never depends on these: the planner checks every group it converts
+ * on its own; a pattern only decides which nodes TSC tries to group.
  */
-final case class Check[T](appliesTo: Set[String], argument: String, build: JsonNode => Either[String, T => Boolean])
+final case class Check[T](appliesTo: Set[String], argument: String, build: JsonNode => Either[String, T => Boolean], fails: String)
 
 /** The node kinds and checks the rules for one plan type (logical or physical) may use. */
 final case class PatternVocabulary[T](planType: String, nodeKinds: Map[String, NodeKind[T]], checks: Map[String, Check[T]])
 
-/** One entry of a rules file: a node kind, its role, and the checks that must all hold. */
-final case class MemberPattern[T](nodeKind: String, role: MemberRole, checks: Seq[T => Boolean], aboveJoin: Boolean)
+/** One entry of a rules file: a node kind, its role, and the checks that must all hold (each with what its failure means). */
+final case class MemberPattern[T](nodeKind: String, role: MemberRole, checks: Seq[(T => Boolean, String)], aboveJoin: Boolean)
 
 /**
  * The paper's canBeMultiJoinGroupMember as data: the first pattern matching a node gives its role.
@@ -40,9 +41,18 @@ final case class MemberPatterns[T <: TreeNode[T]](source: String, patterns: Seq[
     case p if matches(p, node) => p.role
   }
 
+  /**
+   * Why `node` is no member, said for users: the first check it fails of the first pattern naming
+   * its kind (None: it is a member, or no pattern names its kind).
+   */
+  def whyNot(node: T): Option[String] =
+    if (roleOf(node).isDefined) None
+    else patterns.find(p => vocabulary.nodeKinds(p.nodeKind).matches(node))
+      .flatMap(_.checks.collectFirst { case (test, fails) if !test(node) => fails })
+
   private def matches(pattern: MemberPattern[T], node: T): Boolean =
     vocabulary.nodeKinds(pattern.nodeKind).matches(node) &&
-      pattern.checks.forall(_(node)) &&
+      pattern.checks.forall(_._1(node)) &&
       (!pattern.aboveJoin || node.children.headOption.exists(child => roleOf(child).isDefined))
 }
 
@@ -125,7 +135,7 @@ object MemberPatterns {
             s"unknown check `$name`; known checks: ${(vocabulary.checks.keys.toSeq :+ "aboveJoin").sorted.mkString(", ")}"))
           if (!check.appliesTo.contains(kindName)) failEntry(s"check `$name` does not apply to `$kindName` (it applies to ${check.appliesTo.toSeq.sorted.mkString(", ")})")
           check.build(arg) match {
-            case Right(test) => Some(test)
+            case Right(test) => Some((test, check.fails))
             case Left(problem) => failEntry(s"check `$name` ${check.argument}: $problem")
           }
         }
@@ -145,7 +155,7 @@ object MemberPatterns {
    * says why a name outside it cannot be a member; `joinTypeOf` reads a node's join type.
    */
   def joinTypes[T](appliesTo: Set[String], supported: Map[String, JoinType], unsupported: String)(joinTypeOf: T => Option[JoinType]): Check[T] =
-    Check(appliesTo, s"takes a list of join types (supported: ${supported.keys.toSeq.sorted.mkString(", ")})", arg => {
+    Check(appliesTo, s"takes a list of join types (supported: ${supported.keys.toSeq.sorted.mkString(", ")})", fails = "UMJoin does not compute its join type", build = arg => {
       val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
       val unknown = names.filterNot(supported.contains)
       if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
@@ -156,7 +166,7 @@ object MemberPatterns {
       }
     })
 
-  def flag[T](appliesTo: Set[String])(test: T => Boolean): Check[T] =
+  def flag[T](appliesTo: Set[String], fails: String)(test: T => Boolean): Check[T] =
     Check(appliesTo, "takes `true`", arg =>
-      if (arg.isBoolean && arg.asBoolean) Right(test) else Left("remove the line to drop the check"))
+      if (arg.isBoolean && arg.asBoolean) Right(test) else Left("remove the line to drop the check"), fails)
 }

@@ -49,18 +49,18 @@ object PhysicalPatterns {
       "joinType" -> MemberPatterns.joinTypes[SparkPlan](streamStaticJoins + "StreamingSymmetricHashJoinExec", supportedJoinTypes,
         "cannot be a streaming UMJoin member; it computes inner joins and one left outer, right outer or left semi " +
           "stream-stream join on top of a group")(joinTypeOf),
-      "stateful" -> MemberPatterns.flag[SparkPlan](Set("StreamingSymmetricHashJoinExec")) {
+      "stateful" -> MemberPatterns.flag[SparkPlan](Set("StreamingSymmetricHashJoinExec"), "Spark has not given it state") {
         case j: StreamingSymmetricHashJoinExec => j.stateInfo.isDefined
         case _ => false
       },
-      "streamStatic" -> MemberPatterns.flag[SparkPlan](streamStaticJoins) { join =>
+      "streamStatic" -> MemberPatterns.flag[SparkPlan](streamStaticJoins, "it does not join one stream with a static table") { join =>
         join.children.count(isStreaming) == 1
       },
-      "attributesOnly" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
+      "attributesOnly" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec"), "it computes columns") {
         case p: ProjectExec => p.projectList.forall(_.isInstanceOf[Attribute])
         case _ => false
       },
-      "deterministic" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec")) {
+      "deterministic" -> MemberPatterns.flag[SparkPlan](Set("ProjectExec"), "it computes something non-deterministic") {
         case p: ProjectExec => p.projectList.forall(_.deterministic)
         case _ => false
       }))
