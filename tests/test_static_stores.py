@@ -97,7 +97,7 @@ def static_input(plan: str) -> tuple[str, str]:
     return found
 
 
-SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "3", "spark.sql.adaptive.enabled": "false"}
+SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "3"}
 
 
 @pytest.mark.parametrize(("mode", "provider"), [
@@ -229,11 +229,15 @@ def test_a_table_that_is_not_stored_is_read_every_batch(spark: SparkSession, tmp
     assert rows == expected and len(rows) > 0
 
 
-def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "adaptive"), [
+    ("spark", "on,on,on"), ("ssbj", "on,on,on"), ("off", "on,off,on"), ("all", "off,on,off")])
+def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark: SparkSession, tmp_path: Path, mode: str, adaptive: str) -> None:
     """One stream x joined with a stored table t and a broadcast table u: Spark keeps no state for such
     stream-static joins, but scans and shuffles t every micro-batch. The StreamingUMJoin takes a new operator
     id, stores t once per run (three runs on one checkpoint here, t rewritten before the second), keeps none of
-    x's rows, and gives the join of each run's rows with t as it was then."""
+    x's rows, and gives the join of each run's rows with t as it was then, as Spark's stream-static join (mode
+    'spark') does. Spark plans such micro-batches adaptively when AQE is on, its default: the StreamingUMJoin
+    runs all the same, and a checkpoint continues when a restart switches AQE on or off (`adaptive`: per run)."""
     rng = random.Random(21)
     (tmp_path / "t").mkdir()
     t_file = tmp_path / "t" / "t.csv"
@@ -243,19 +247,23 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
     write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [u_rows])
     phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(15)] for _ in range(3)]
     executed, loads, stream_rows = [], [], []
-    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
-        for p in range(3):
+    settings = {**SETTINGS, **ROCKSDB, **({"spark.umjoin.enabled": "false"} if mode == "spark" else {"spark.umjoin.staticCache": mode})}
+    with temporary_conf(spark, settings):
+        for p, aqe in enumerate(adaptive.split(",")):
             write_table(t_file, tables[p], 2_000_000 + p)
             write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
-            t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
-            u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
-            x = stream(spark, tmp_path / "x", X_COLUMNS)
-            frame = x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k)
-            query = (frame.writeStream.format("parquet").option("path", str(tmp_path / "out"))
-                     .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-            query.awaitTermination()
+            with temporary_conf(spark, {"spark.sql.adaptive.enabled": str(aqe == "on").lower()}):
+                t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+                u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
+                x = stream(spark, tmp_path / "x", X_COLUMNS)
+                frame = x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k)
+                query = (frame.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+                query.awaitTermination()
             plan = executed_plan(query)
             executed.append(plan)
+            if mode == "spark":
+                continue
             number, _ = static_input(plan)
             loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
             stream_input = re.findall(r"#(\d+) x \(partitioned by", plan)[0]
@@ -266,13 +274,16 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
          for uk, name in u_rows if xk is not None and xk == trow[0] and xv == uk),
         key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
     assert rows == expected and len(rows) > 0
+    if mode == "spark":
+        assert not any("StreamingUMJoin" in plan for plan in executed)
+        return
     assert all("StreamingUMJoin" in plan and "(static, broadcast)" in plan for plan in executed), executed[0]
     assert loads == [1, 1, 1] and stream_rows == [0, 0, 0]
 
 
 def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark_planned_it(spark: SparkSession, tmp_path: Path) -> None:
-    """One stream with a stored table runs as a StreamingUMJoin, then a run with AQE on (Spark's stream-static
-    join: the UMJoin stores miss that batch), then AQE off again: the stores have no version for the next batch,
+    """One stream with a stored table runs as a StreamingUMJoin, then a run with UMJoin off (Spark's stream-static
+    join: the UMJoin stores miss that batch), then on again: the stores have no version for the next batch,
     so the join stays as Spark planned it (no stack trace), says so, and the output holds every row once."""
     rng = random.Random(30)
     (tmp_path / "t").mkdir()
@@ -282,9 +293,9 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
     phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(3)]
     executed, reasons = [], []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
-        for p, adaptive in enumerate(["false", "true", "false"]):
+        for p, enabled in enumerate(["true", "false", "true"]):
             write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
-            with temporary_conf(spark, {"spark.sql.adaptive.enabled": adaptive}):
+            with temporary_conf(spark, {"spark.umjoin.enabled": enabled}):
                 t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
                 u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
                 x = stream(spark, tmp_path / "x", X_COLUMNS)
@@ -300,5 +311,4 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
         key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
     assert rows == expected and len(rows) > 0
     assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
-    assert any("spark.sql.adaptive.enabled=false" in r for r in reasons[1]), reasons[1]
     assert any("without UMJoin's state" in r for r in reasons[2]), reasons[2]

@@ -6,13 +6,14 @@ import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
-import umjoin.spark.batch.BatchUMJoinStrategy
+import umjoin.spark.batch.{BatchUMJoinStrategy, BroadcastStageInputs}
 import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, PhysicalPatterns}
-import umjoin.spark.streaming.StreamingUMJoinRule
+import umjoin.spark.streaming.{StreamingUMJoinRule, WholeMicroBatchStrategy}
 
 /**
  * Registers UMJoin with a Spark session: `spark.sql.extensions=umjoin.spark.UMJoinExtensions`
- * (plus the jar on `spark.jars`): the batch planner strategy and the streaming physical rule. The
+ * (plus the jar on `spark.jars`): the batch planner strategy and the streaming physical rule (with
+ * the strategy that keeps Spark from planning its micro-batches adaptively where it must see them whole). The
  * member patterns are loaded and checked here, so a broken rules file fails the session's creation
  * with a message naming the file.
  */
@@ -23,6 +24,9 @@ class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
     val streamingPatterns = MemberPatterns.load("streaming", rulesDir, PhysicalPatterns.vocabulary)
     // Spark asks for the strategy at every planning call: keep construction cheap.
     extensions.injectPlannerStrategy(session => new BatchUMJoinStrategy(session, batchPatterns))
+    extensions.injectQueryPostPlannerStrategyRule(_ => BroadcastStageInputs)
+    // Keeps micro-batches that may store static tables whole under AQE, for the streaming hook.
+    extensions.injectPlannerStrategy(session => new WholeMicroBatchStrategy(session))
     // The streaming hook runs on prepared physical plans, where stream-stream joins have their state.
     extensions.injectColumnar(session => new ColumnarRule {
       override def preColumnarTransitions: Rule[SparkPlan] = new StreamingUMJoinRule(session, streamingPatterns)

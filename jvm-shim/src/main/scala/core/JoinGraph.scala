@@ -2,7 +2,7 @@ package umjoin.spark.core
 
 import scala.collection.mutable
 
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, EqualTo, Expression, KnownFloatingPointNormalized, SubqueryExpression}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, Coalesce, EqualNullSafe, EqualTo, Expression, IsNull, KnownFloatingPointNormalized, Literal, SubqueryExpression}
 import org.apache.spark.sql.catalyst.optimizer.NormalizeNaNAndZero
 import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftAnti, LeftOuter, LeftSemi}
 import org.apache.spark.sql.catalyst.util.UnsafeRowUtils
@@ -158,7 +158,7 @@ object JoinGraph {
         val edges = mutable.ArrayBuffer[((Int, Expression), (Int, Expression))]()
         val pairs = mutable.ArrayBuffer[KeyClass]()  // equalities with an outer input's expression: classes of their own
         val residuals = mutable.ArrayBuffer[ResidualCondition]()
-        conjuncts.foreach {
+        conjuncts.flatMap(nullSafeAsKeys(_, inputsOf)).foreach {
           case EqualTo(l, r) if isKeyPair(l, r, inputsOf) =>
             val (a, b) = ((inputsOf(l).head, normalized(l)), (inputsOf(r).head, normalized(r)))
             if (outerInputs.contains(a._1) || outerInputs.contains(b._1)) pairs += KeyClass(Seq(a, b)) else edges += ((a, b))
@@ -201,6 +201,17 @@ object JoinGraph {
           case None => Right(JoinGraph(inputOutputs.size, classes.toSeq, residuals.toSeq, filterJoins.map(f => f.input -> f.joinType).toMap, onClasses))
         }
     }
+  }
+
+  /**
+   * `l <=> r` (NULL matches NULL) between two inputs as two equalities of values never NULL, as Spark's
+   * own equi-joins take it: `coalesce(l, default) = coalesce(r, default)` and `isnull(l) = isnull(r)`.
+   */
+  private def nullSafeAsKeys(c: Expression, inputsOf: Expression => Set[Int]): Seq[Expression] = c match {
+    case EqualNullSafe(l, r) if isKeyPair(l, r, inputsOf) =>
+      Seq(EqualTo(Coalesce(Seq(l, Literal.default(l.dataType))), Coalesce(Seq(r, Literal.default(r.dataType)))),
+        EqualTo(IsNull(l), IsNull(r)))
+    case other => Seq(other)
   }
 
   /** `(joined input, its expression)` and the filter's key when `c` is an equi-join key between the filter and one joined input. */

@@ -72,17 +72,19 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf, PhysicalPatterns.keptAsInput)
 
-  override def apply(plan: SparkPlan): SparkPlan = {
+  override def apply(planned: SparkPlan): SparkPlan = {
+    val whole = planned.exists(_.isInstanceOf[WholeMicroBatchExec])
+    val plan = if (whole) planned.transform { case marker: WholeMicroBatchExec => marker.child } else planned
     val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
-    // Without a stream-stream join, a micro-batch may still join one stream with stored static tables,
-    // unless Spark plans it adaptively (as it does stateless micro-batches): then this rule sees one
-    // query stage at a time, and every stage, the static tables' scans too, runs in every batch.
+    // Without a stream-stream join, a micro-batch may still join one stream with stored static tables.
+    // Spark plans such a micro-batch adaptively unless WholeMicroBatchStrategy marked it: then this rule
+    // sees one query stage at a time, never a whole join.
     lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
-    // (Spark applies its session's AQE setting to micro-batches without stateful operators.)
-    lazy val adaptive = session.sessionState.conf.adaptiveExecutionEnabled ||
-      plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec])
+    lazy val adaptive = !whole && (session.sessionState.conf.adaptiveExecutionEnabled ||
+      plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]))
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
-      if (plan.exists(_.isInstanceOf[BaseJoinExec]) && StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))
+      if (UMJoinConf.from(session.sessionState.conf).enabled && plan.exists(_.isInstanceOf[BaseJoinExec]) &&
+          StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))
         logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
       plan
     } else if (stateful.isEmpty && microBatch.isEmpty) plan
@@ -480,7 +482,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 }
 
 object StreamingUMJoinRule {
-  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them: Spark plans its " +
-    "micro-batches adaptively (a query without a stream-stream join), which re-reads every static table every batch; " +
-    "set spark.sql.adaptive.enabled=false for the query to store its large static tables in a StreamingUMJoin"
+  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them, adaptively: no join " +
+    "of a stream with at least spark.umjoin.minInputs inputs reads a table UMJoin would store (one read from files, too " +
+    "large to broadcast, with spark.umjoin.staticTables=store), so its micro-batches are planned as without UMJoin"
 }
