@@ -11,7 +11,7 @@ TESTKIT_SOURCES := $(shell find jvm-shim/src/test/scala -name '*.scala')
 RULES := $(wildcard rules/*.yaml)
 REPORT_SF ?= 0.1
 BENCH_SF ?= 1
-BENCH_REPS ?= 3
+BENCH_REPS ?= 5
 BENCH_MEMORY_SF ?= 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

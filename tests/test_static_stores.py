@@ -312,3 +312,31 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
     assert rows == expected and len(rows) > 0
     assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
     assert any("without UMJoin's state" in r for r in reasons[2]), reasons[2]
+
+
+def test_one_stream_with_tables_small_enough_to_broadcast_stays_adaptive_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
+    """Under AQE, a micro-batch joining one stream with tables Spark broadcasts has nothing for UMJoin to
+    store: it is planned adaptively, as without UMJoin, with Spark's answer, and the reason is told."""
+    rng = random.Random(5)
+    (tmp_path / "t").mkdir()
+    table = random_table(rng)
+    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
+    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
+    rows_in = [(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)]
+    write_batches(tmp_path / "x", X_COLUMNS, [rows_in])
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "3"}):
+        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+        u = spark.read.parquet(str(tmp_path / "u"))
+        x = stream(spark, tmp_path / "x", X_COLUMNS)
+        query = (x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+        reasons = plans.unconverted_streaming_joins(spark, query)
+    expected = sorted(
+        ((xk, xv, *trow, uk, f"u{uk}") for xk, xv in rows_in for trow in table_rows(table) for uk in range(4)
+         if xk is not None and xk == trow[0] and xv == uk),
+        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    assert rows == expected and len(rows) > 0
+    assert "StreamingUMJoin" not in executed_plan(query) and "AdaptiveSparkPlan" in executed_plan(query)
+    assert any("planned as without UMJoin" in r for r in reasons), reasons

@@ -80,8 +80,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // Spark plans such a micro-batch adaptively unless WholeMicroBatchStrategy marked it: then this rule
     // sees one query stage at a time, never a whole join.
     lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
-    lazy val adaptive = !whole && (session.sessionState.conf.adaptiveExecutionEnabled ||
-      plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]))
+    lazy val adaptive = !whole && (plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]) ||
+      session.sessionState.conf.adaptiveExecutionEnabled && session.sessionState.conf.adaptiveExecutionEnabledInStatelessStreaming)
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
       if (UMJoinConf.from(session.sessionState.conf).enabled && plan.exists(_.isInstanceOf[BaseJoinExec]) &&
           StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))
