@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench.streaming import TPCH_BLOCKS
 from umjoin import tpch
 from umjoin.cli import check_extra, data_dir_parser, positive_number, query_numbers, whole_number, whole_numbers
 from umjoin.datadir import DATA_DIR_ENV
@@ -32,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("tpch", parents=[data], help="time the TPC-H queries with UMJoin off and on")
     bench.add_argument("--sf", type=positive_number, default=1.0, help="TPC-H scale factor (default 1)")
-    bench.add_argument("--repetitions", type=int, default=3, help="measured runs per query and setting (default 3)")
+    bench.add_argument("--repetitions", type=int, default=5, help="measured runs per query and setting (default 5)")
     bench.add_argument("--queries", type=query_numbers, default=list(tpch.QUERY_NUMBERS), help="e.g. 3,5,9 (default all)")
     bench.add_argument("--out", type=Path, default=RESULTS, help="output directory")
     bench.add_argument("--driver-memory", default="6g", help="Spark driver memory (default 6g)")
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--batches", type=whole_number, default=20, help="micro-batches the streams are cut into (default 20)")
     streaming.add_argument("--workload", choices=("all", "tpcds", "tpch"), default="all",
                            help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
+    streaming.add_argument("--blocks", type=query_numbers, default=list(TPCH_BLOCKS), help="the TPC-H join blocks of --workload tpch, "
+                           f"e.g. 3,10 (default {','.join(map(str, TPCH_BLOCKS))})")
+    streaming.add_argument("--conf", type=_setting, action="append", default=[], metavar="KEY=VALUE",
+                           help="a session setting for the UMJoin runs, e.g. spark.umjoin.stateCacheRows=0 (repeatable)")
     streaming.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     static = commands.add_parser("static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "
@@ -70,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setting(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.startswith("spark."):
+        raise argparse.ArgumentTypeError(f"a setting is KEY=VALUE with a spark.* key, not {text!r}")
+    return key, value
+
+
 def _run(args: argparse.Namespace) -> None:
     check_extra(args.command, "bench")
     if args.data_dir is not None:
@@ -79,7 +91,8 @@ def _run(args: argparse.Namespace) -> None:
     if args.command == "streaming":
         from bench.streaming import WORKLOADS, run_streaming_bench
 
-        run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,))
+        run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,),
+                            tuple(args.blocks), dict(args.conf))
     elif args.command == "static":
         from bench.static import run_static_bench
 

@@ -84,6 +84,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     spark = builder.config("spark.sql.streaming.stateStore.providerClass", spec["provider"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.umjoin.enabled", str(spec["umjoin"]).lower())
+    for key, value in spec["settings"].items():  # settings given with --conf (UMJoin runs only)
+        spark.conf.set(key, value)
     query = (spark.sql(_streaming_query(spark, spec)).writeStream.format("noop")
              .option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start())
     start = time.perf_counter()
@@ -158,8 +160,11 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
     return result
 
 
-def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str, ...] = WORKLOADS) -> list[Path]:
-    """Runs the workloads and writes streaming_<workload>_sf<sf>.md / .json / .png into `out`."""
+def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str, ...] = WORKLOADS,
+                        tpch_blocks: tuple[int, ...] = TPCH_BLOCKS, settings: dict[str, str] | None = None) -> list[Path]:
+    """Runs the workloads (of TPC-H, the join blocks of `tpch_blocks`) and writes streaming_<workload>_sf<sf>.md / .json / .png into
+    `out`; `settings` are session settings of the UMJoin runs."""
+    settings = settings or {}
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = out / "streaming-checkpoints"
     written = []
@@ -170,12 +175,14 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         results = []
         for name, umjoin, provider, memory in TPCDS_RUNS:
             spec = {"workload": "tpcds", "sf": sf, "streams": str(files), "umjoin": umjoin, "provider": provider,
-                    "driver_memory": memory, "checkpoint": str(checkpoints / f"tpcds-{name}-{memory}")}
+                    "driver_memory": memory, "checkpoint": str(checkpoints / f"tpcds-{name}-{memory}"),
+                    "settings": settings if umjoin else {}}
             results.append(_run_in_jvm(spec, name))
         stem = f"streaming_tpcds_sf{sf:g}"
         expected = tpcds.FOUR_WAY_ROWS_SF1 if sf == 1 else None
-        (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "expected_rows": expected, "runs": results}, indent=1) + "\n")
-        (out / f"{stem}.md").write_text(_tpcds_markdown(sf, batches, expected, results))
+        (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "expected_rows": expected, "umjoin_settings": settings,
+                                                      "runs": results}, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(_tpcds_markdown(sf, batches, expected, results) + _settings_line(settings))
         _tpcds_plots(out / f"{stem}.png", results)
         written.append(out / f"{stem}.md")
     if "tpch" in workloads:
@@ -183,22 +190,27 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
 
         files = streams.tpch_streams(sf, batches)
         blocks = []
-        for number in TPCH_BLOCKS:
+        for number in tpch_blocks:
             runs = []
             for name, umjoin, provider, memory in TPCH_RUNS:
                 spec = {"workload": "tpch", "query": number, "label": f"Q{number:02d}", "sf": sf, "streams": str(files), "umjoin": umjoin,
-                        "provider": provider, "driver_memory": memory, "checkpoint": str(checkpoints / f"tpch-q{number}-{name}")}
+                        "provider": provider, "driver_memory": memory, "checkpoint": str(checkpoints / f"tpch-q{number}-{name}"),
+                        "settings": settings if umjoin else {}}
                 runs.append(_run_in_jvm(spec, name))
             blocks.append({"query": number, "sql": streams.join_block(number), "runs": runs, **_comparison(runs)})
         stem = f"streaming_tpch_sf{sf:g}"
         (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
-                                                      "blocks": blocks}, indent=1) + "\n")
-        (out / f"{stem}.md").write_text(_tpch_markdown(sf, batches, blocks))
+                                                      "umjoin_settings": settings, "blocks": blocks}, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(_tpch_markdown(sf, batches, blocks) + _settings_line(settings))
         _tpch_plots(out / f"{stem}.png", blocks)
         written.append(out / f"{stem}.md")
     subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
     print("written: " + ", ".join(str(p) for p in written) + " (and .json, .png beside each)")
     return written
+
+
+def _settings_line(settings: dict[str, str]) -> str:
+    return "\nThe UMJoin runs with " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + " (`--conf`).\n" if settings else ""
 
 
 def _comparison(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -134,6 +134,18 @@ def test_bench_names_the_broadcast_thresholds_it_knows(capsys: pytest.CaptureFix
     assert "broadcast thresholds are default, 1MB, not 5MB" in err and "Traceback" not in err
 
 
+def test_bench_streaming_takes_settings_as_key_equals_value(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import _parser, main as bench_main
+
+    args = _parser().parse_args(["streaming", "--blocks", "10", "--conf", "spark.umjoin.stateCacheRows=0"])
+    assert args.blocks == [10] and dict(args.conf) == {"spark.umjoin.stateCacheRows": "0"}
+    with pytest.raises(SystemExit) as done:
+        bench_main(["streaming", "--conf", "stateCacheRows"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "a setting is KEY=VALUE with a spark.* key, not 'stateCacheRows'" in err and "Traceback" not in err
+
+
 def test_jar_prints_the_path_of_the_built_jar(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "jar")
     assert code == 0
