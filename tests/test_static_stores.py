@@ -263,6 +263,7 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
             plan = executed_plan(query)
             executed.append(plan)
             if mode == "spark":
+                assert plans.unconverted_streaming_joins(spark, query) == []  # UMJoin off has nothing to say
                 continue
             number, _ = static_input(plan)
             loads.append(umjoin_metric(query, f"staticLoadsInput{number}"))
