@@ -52,7 +52,10 @@ final class WholeMicroBatchStrategy(session: SparkSession) extends SparkStrategy
     case other => Seq(other)
   }
 
-  /** A static input the streaming rule would store: too large to broadcast, read from files, the same rows every batch. */
+  /**
+   * A static input the streaming rule would store: too large to broadcast, read from files, the same
+   * rows every batch (on the logical plan, what [[StaticVersions.versionable]] checks on the physical one).
+   */
   private def storable(input: LogicalPlan, sqlConf: SQLConf): Boolean =
     !input.isStreaming && !canBroadcastBySize(input, sqlConf) &&
       !input.exists(p => p.expressions.exists(!_.deterministic) || p.subqueries.nonEmpty) &&
