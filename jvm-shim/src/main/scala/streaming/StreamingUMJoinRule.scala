@@ -81,7 +81,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // sees one query stage at a time, never a whole join.
     lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
     lazy val adaptive = !whole && (plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]) ||
-      session.sessionState.conf.adaptiveExecutionEnabled && session.sessionState.conf.adaptiveExecutionEnabledInStatelessStreaming)
+      WholeMicroBatchStrategy.sparkPlansAdaptively(session.sessionState.conf))
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
       if (UMJoinConf.from(session.sessionState.conf).enabled && plan.exists(_.isInstanceOf[BaseJoinExec]) &&
           StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))

@@ -38,7 +38,7 @@ final class WholeMicroBatchStrategy(session: SparkSession) extends SparkStrategy
     val sqlConf = session.sessionState.conf
     lazy val conf = UMJoinConf.from(sqlConf)
     // A stream-stream join makes the plan stateful, and so non-adaptive, without help.
-    root.isStreaming && sqlConf.adaptiveExecutionEnabled && sqlConf.adaptiveExecutionEnabledInStatelessStreaming &&
+    root.isStreaming && WholeMicroBatchStrategy.sparkPlansAdaptively(sqlConf) &&
       conf.enabled && conf.storeStaticTables && !root.exists { case j: Join => j.left.isStreaming && j.right.isStreaming; case _ => false } &&
       root.collect { case j: Join => joinedInputs(j) }.exists { inputs =>
         inputs.size >= conf.minInputs && inputs.exists(_.isStreaming) && inputs.exists(storable(_, sqlConf))
@@ -63,6 +63,12 @@ final class WholeMicroBatchStrategy(session: SparkSession) extends SparkStrategy
         case r: LogicalRelation => r.relation.isInstanceOf[HadoopFsRelation]
         case leaf => leaf.isInstanceOf[LocalRelation]
       }
+}
+
+object WholeMicroBatchStrategy {
+  /** Whether Spark plans a micro-batch without stateful operators adaptively (AQE, and AQE for stateless streaming). */
+  def sparkPlansAdaptively(conf: SQLConf): Boolean =
+    conf.adaptiveExecutionEnabled && conf.adaptiveExecutionEnabledInStatelessStreaming
 }
 
 /**
