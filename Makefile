@@ -13,9 +13,10 @@ REPORT_SF ?= 0.1
 BENCH_SF ?= 1
 BENCH_REPS ?= 5
 BENCH_MEMORY_SF ?= 1
+BENCH_ENRICHMENT_SF ?= 0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-static bench-probe-order clean
+.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-enrichment bench-static bench-probe-order clean
 
 venv: $(INSTALLED)
 
@@ -66,7 +67,14 @@ bench-memory: build
 # The paper's main claim in Structured Streaming: the 4-way join over streams, UMJoin vs Spark's joins.
 bench-streaming: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --out bench/results
+	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --workload tpcds --out bench/results
+	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --workload tpch --out bench/results
+
+# Enrichment chains (orders LEFT JOIN 5 and 10 side streams): Spark's joins, UMJoin, and Flink 2.3's MultiJoin
+# and binary joins beside them (PyFlink, the peers extra, shares this venv: its py4j pin is one pyspark accepts).
+bench-enrichment: build
+	$(PY) -m pip install --quiet -e '.[dev,bench,peers]'
+	$(PY) -m bench streaming --sf $(BENCH_ENRICHMENT_SF) --workload enrichment --out bench/results
 
 # Paper 003's setting: orders as a stream joined with customer and nation as static tables, Zipf skew
 # 0, 0.5, 1; Spark's stream-static join against UMJoin's stored customer with each cache mode.

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.streaming import TPCH_BLOCKS
+from bench.streaming import TPCH_BLOCKS, WORKLOADS
 from umjoin import tpch
 from umjoin.cli import check_extra, data_dir_parser, positive_number, query_numbers, whole_number, whole_numbers
 from umjoin.datadir import DATA_DIR_ENV
@@ -46,11 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     streaming = commands.add_parser("streaming", parents=[data], help="joins as streams, UMJoin vs Spark's stream-stream joins: "
-                                    "the 4-way TPC-DS join and TPC-H join blocks")
+                                    "the 4-way TPC-DS join, TPC-H join blocks, enrichment chains (with Flink)")
     streaming.add_argument("--sf", type=positive_number, default=1.0, help="TPC-DS and TPC-H scale factor (default 1)")
     streaming.add_argument("--batches", type=whole_number, default=20, help="micro-batches the streams are cut into (default 20)")
-    streaming.add_argument("--workload", choices=("all", "tpcds", "tpch"), default="all",
-                           help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10 (default all)")
+    streaming.add_argument("--workload", choices=("all", *WORKLOADS), default="all",
+                           help="tpcds: the paper's 4-way join; tpch: the join blocks of Q3, Q5, Q9, Q10; enrichment: orders LEFT JOIN "
+                           "5 and 10 side streams, with Flink 2.3's MultiJoin beside where PyFlink is installed (default all)")
     streaming.add_argument("--blocks", type=query_numbers, default=list(TPCH_BLOCKS), help="the TPC-H join blocks of --workload tpch, "
                            f"e.g. 3,10 (default {','.join(map(str, TPCH_BLOCKS))})")
     streaming.add_argument("--conf", type=_setting, action="append", default=[], metavar="KEY=VALUE",
@@ -89,7 +90,7 @@ def _run(args: argparse.Namespace) -> None:
     from umjoin.local import local_builder
 
     if args.command == "streaming":
-        from bench.streaming import WORKLOADS, run_streaming_bench
+        from bench.streaming import run_streaming_bench
 
         run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,),
                             tuple(args.blocks), dict(args.conf))

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import enrichment
+
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -42,7 +44,7 @@ TPCDS_RUNS = [  # (name, UMJoin on, state store provider, driver memory)
 TPCH_RUNS = [("spark-rocksdb", False, ROCKSDB_PROVIDER, "4g"), ("umjoin-rocksdb", True, ROCKSDB_PROVIDER, "4g")]
 #: The TPC-H join blocks measured as streams (the issue's choice: one to six inputs, two to four key classes).
 TPCH_BLOCKS = (3, 5, 9, 10)
-WORKLOADS = ("tpcds", "tpch")
+WORKLOADS = ("tpcds", "tpch", "enrichment")
 STATE_PARTITIONS = 4
 #: What the issue asks of every TPC-H block: state at least this many times smaller than Spark's ...
 STATE_TARGET = 3.0
@@ -64,16 +66,18 @@ def tpcds_stream_files(sf: float, batches: int, seed: int = 42) -> Path:
     return target
 
 
-def _streaming_query(spark: Any, spec: dict[str, Any]) -> str:
-    """Registers the workload's tables as streams and returns its query."""
+def _streaming_query(spark: Any, spec: dict[str, Any]) -> Any:
+    """The workload's query over its tables as streams, a streaming DataFrame."""
     from umjoin import streams, tpcds, tpch
 
     files = Path(spec["streams"])
+    if spec["workload"] == "enrichment":
+        return enrichment.dataframe(spark, files, spec["sides"])
     if spec["workload"] == "tpcds":
         streams.read_streams(spark, files, tpcds.FOUR_WAY_TABLES, tpcds.generate(spec["sf"]))
-        return tpcds.FOUR_WAY_QUERY
+        return spark.sql(tpcds.FOUR_WAY_QUERY)
     streams.read_streams(spark, files, tpch.TABLES, tpch.generate(spec["sf"]))
-    return streams.join_block(spec["query"])
+    return spark.sql(streams.join_block(spec["query"]))
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     spark.conf.set("spark.umjoin.enabled", str(spec["umjoin"]).lower())
     for key, value in spec["settings"].items():  # settings given with --conf (UMJoin runs only)
         spark.conf.set(key, value)
-    query = (spark.sql(_streaming_query(spark, spec)).writeStream.format("noop")
+    query = (_streaming_query(spark, spec).writeStream.format("noop")
              .option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start())
     start = time.perf_counter()
     error = None
@@ -124,22 +128,25 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "umjoin_in_plan": "StreamingUMJoin " in executed, "stream_stream_joins": executed.count("StreamingSymmetricHashJoin")}
 
 
-def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
-    """Runs `spec` in a JVM of its own; the summary figures added to what it reported."""
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+def _reported_by(module: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """What `python -m module '<spec>'` reported (its last JSON line), or {"ended": the last lines of its errors} where it reported nothing."""
     # Output to files, not pipes: the run is over when its Python process ends, whatever its JVM does after.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        subprocess.run([sys.executable, "-m", "bench.streaming", json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
+        subprocess.run([sys.executable, "-m", module, json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"ended": " | ".join(stderr.strip().splitlines()[-3:])[:300]}
+
+
+def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """Runs `spec` in a JVM of its own; the summary figures added to what it reported."""
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    lines = [l for l in stdout.splitlines() if l.startswith("{")]
-    if lines:
-        result = json.loads(lines[-1])
-    else:
-        tail = " | ".join(stderr.strip().splitlines()[-3:])
-        result = {"seconds": None, "error": f"JVM ended: {tail}"[:300], "batches": [], "peak_rss_bytes": None,
+    result = _reported_by("bench.streaming", spec)
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    if "error" not in result:
+        result = {"seconds": None, "error": f"JVM ended: {result['ended']}", "batches": [], "peak_rss_bytes": None,
                   "umjoin_in_plan": False, "stream_stream_joins": None}
     batches = result["batches"]
     last = batches[-1] if batches else {}
@@ -151,6 +158,7 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
         "final_state_rows": last.get("state_rows"),
         "max_state_rows": max((b["state_rows"] for b in batches), default=None),
         "final_state_bytes": last["state_memory_bytes"] + last["state_disk_bytes"] if last else None,
+        "max_state_bytes": max((b["state_memory_bytes"] + b["state_disk_bytes"] for b in batches), default=None),
         "shipped": sum(b["shipped"] for b in batches),
     })
     print(f"{spec.get('label', spec['workload']):>8} {name:>15} {spec['driver_memory']:>4}: "
@@ -191,12 +199,8 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         files = streams.tpch_streams(sf, batches)
         blocks = []
         for number in tpch_blocks:
-            runs = []
-            for name, umjoin, provider, memory in TPCH_RUNS:
-                spec = {"workload": "tpch", "query": number, "label": f"Q{number:02d}", "sf": sf, "streams": str(files), "umjoin": umjoin,
-                        "provider": provider, "driver_memory": memory, "checkpoint": str(checkpoints / f"tpch-q{number}-{name}"),
-                        "settings": settings if umjoin else {}}
-                runs.append(_run_in_jvm(spec, name))
+            runs = _spark_and_umjoin({"workload": "tpch", "query": number, "label": f"Q{number:02d}", "sf": sf, "streams": str(files)},
+                                     checkpoints / f"tpch-q{number}", settings)
             blocks.append({"query": number, "sql": streams.join_block(number), "runs": runs, **_comparison(runs)})
         stem = f"streaming_tpch_sf{sf:g}"
         (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
@@ -204,9 +208,114 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         (out / f"{stem}.md").write_text(_tpch_markdown(sf, batches, blocks) + _settings_line(settings))
         _tpch_plots(out / f"{stem}.png", blocks)
         written.append(out / f"{stem}.md")
+    if "enrichment" in workloads:
+        written.append(_enrichment_bench(sf, batches, out, checkpoints, settings))
     subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
     print("written: " + ", ".join(str(p) for p in written) + " (and .json, .png beside each)")
     return written
+
+
+def _spark_and_umjoin(workload: dict[str, Any], checkpoint: Path, settings: dict[str, str]) -> list[dict[str, Any]]:
+    """The `workload` run by Spark's joins and by UMJoin (TPCH_RUNS), each in its own JVM; `settings` for the UMJoin run."""
+    return [_run_in_jvm({**workload, "umjoin": umjoin, "provider": provider, "driver_memory": memory,
+                         "checkpoint": f"{checkpoint}-{name}", "settings": settings if umjoin else {}}, name)
+            for name, umjoin, provider, memory in TPCH_RUNS]
+
+
+def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, settings: dict[str, str]) -> Path:
+    """The enrichment chains (orders LEFT JOIN 5 and 10 side streams): Spark's joins, UMJoin, and Flink 2.3 with MultiJoin
+    and with its binary joins where PyFlink is installed; writes streaming_enrichment_sf<sf>.md / .json / .png."""
+    import importlib.util
+
+    files = enrichment.stream_files(sf, batches)
+    flink = importlib.util.find_spec("pyflink") is not None
+    if not flink:
+        print("PyFlink is not installed (pip install -e '.[peers]'): the enrichment chains run without Flink's MultiJoin beside them")
+    chains = []
+    for sides in enrichment.SIDE_COUNTS:
+        expected = enrichment.expected_rows(files, sides)
+        runs = _spark_and_umjoin({"workload": "enrichment", "sides": sides, "label": f"{sides} sides", "sf": sf, "streams": str(files)},
+                                 checkpoints / f"enrichment-{sides}", settings)
+        if flink:
+            for name, multi_join in (("flink-multijoin", True), ("flink-binary", False)):
+                runs.append(_flink_run(files, sides, expected, multi_join, name))
+        chains.append({"sides": sides, "sql": enrichment.sql(sides), "expected_rows": expected, "runs": runs})
+    stem = f"streaming_enrichment_sf{sf:g}"
+    (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
+                                                  "umjoin_settings": settings, "chains": chains}, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(_enrichment_markdown(sf, batches, chains) + _settings_line(settings))
+    _enrichment_plots(out / f"{stem}.png", chains)
+    return out / f"{stem}.md"
+
+
+def _flink_run(files: Path, sides: int, expected: int, multi_join: bool, name: str) -> dict[str, Any]:
+    """One Flink run of the chain in a process of its own (see bench.flink_peer)."""
+    spec = {"files": str(files), "tables": ["orders", *(s[0] for s in enrichment.side_streams(sides))], "sql": enrichment.sql(sides),
+            "expected_rows": expected, "multi_join": multi_join, "timeout_s": 3600}
+    result = _reported_by("bench.flink_peer", spec)
+    if "error" not in result:
+        result = {"seconds": None, "error": f"Flink ended: {result['ended']}", "output_rows": None, "state_bytes": None,
+                  "peak_rss_bytes": None, "multi_join_in_plan": False}
+    result["run"] = name
+    print(f"{sides:>2} sides {name:>15}: {'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  "
+          f"output {result['output_rows']}  state bytes (savepoint) {_mb(result['state_bytes'])}  peak RSS {_mb(result['peak_rss_bytes'])}",
+          flush=True)
+    return result
+
+
+def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# Streaming: enrichment chains of LEFT joins at TPC-H SF {sf:g} over {batches} event-time micro-batches",
+        "",
+        "One stream of orders LEFT JOINed with 5 and with 10 side streams keyed by the order (shipments of lines 1-7, "
+        "deliveries of lines 1-3), each on the order key and a time window after the order (`bench/enrichment.py`). "
+        f"Spark's chained stream-stream joins and UMJoin: local[2], {STATE_PARTITIONS} state partitions, RocksDB, 4g, "
+        "watermarks of 1 day; state rows and bytes (memory + SST files) at their highest over the micro-batches. "
+        "Flink 2.3 (PyFlink, local mini cluster, parallelism 2, RocksDB): its regular joins over the same rows as CSV, "
+        "with `table.optimizer.multi-join.enabled` (MultiJoin) and without (binary joins); state bytes from a canonical "
+        "savepoint once every row is in (its regular joins never evict), time until the result's count settled. "
+        "Output rows: the chain's result, every order put out, as DuckDB computes it from the same files.",
+        "",
+        "| chain | run | plan | output rows (expected) | time (s) | max state rows | max state bytes | peak RSS |",
+        "|---|---|---|---|---:|---:|---:|---:|",
+    ]
+    for chain in chains:
+        for r in chain["runs"]:
+            label = f"{chain['sides']} sides"
+            if r["error"]:
+                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | |")
+                continue
+            if r["run"].startswith("flink"):
+                plan = "MultiJoin" if r["multi_join_in_plan"] else "binary joins"
+                rows, state = "-", _mb(r["state_bytes"])
+            else:
+                plan = ("1 StreamingUMJoin + " if r["umjoin_in_plan"] else "") + f"{r['stream_stream_joins']} stream-stream joins"
+                rows, state = str(r["max_state_rows"]), _mb(r["max_state_bytes"])
+            same = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
+            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({same}) | {r['seconds']:.0f} | {rows} | {state} | "
+                         f"{_mb(r['peak_rss_bytes'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _enrichment_plots(path: Path, chains: list[dict[str, Any]]) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
+    figure, axes = plt.subplots(1, 3, figsize=(17, 5))
+    measures = (("max state bytes (MB)", lambda r: (r["state_bytes"] if r["run"].startswith("flink") else r["max_state_bytes"]) or 0),
+                ("time (s)", lambda r: r["seconds"] or 0), ("peak RSS (MB)", lambda r: r["peak_rss_bytes"] or 0))
+    names = list(dict.fromkeys(r["run"] for c in chains for r in c["runs"]))
+    width = 0.8 / max(len(names), 1)
+    for ax, (title, value) in zip(axes, measures):
+        for k, name in enumerate(names):
+            values = [next((value(r) for r in c["runs"] if r["run"] == name), 0) for c in chains]
+            scale = 2**20 if "MB" in title else 1
+            ax.bar([x + k * width for x in range(len(chains))], [v / scale for v in values], width, label=name)
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(chains))], [f"{c['sides']} sides" for c in chains])
+        ax.set(title=title)
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 def _settings_line(settings: dict[str, str]) -> str:

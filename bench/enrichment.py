@@ -1,0 +1,127 @@
+"""The enrichment workload of ``python -m bench streaming --workload enrichment``: one stream of
+TPC-H orders extended by other streams keyed by the order, as a chain of LEFT joins (the shape
+Flink's MultiJoin is built for, FLIP-516's published benchmark).
+
+The side streams are the order's events: ``ship<i>`` the shipment of line i (l_shipdate, 1 to 121
+days after the order) and ``delivery<i>`` its receipt (l_receiptdate, up to 151 days after). An
+order has one to seven lines, so some side streams have no row for an order and its result row is
+NULL-padded there. Each side joins ``orders`` on the order key and on its time lying within the
+order's window, so Spark's watermarks can evict both sides.
+
+Every stream is cut by event time into the same ``batches`` windows (a file per window, read one
+per micro-batch), so no row is late. A last file per stream holds one sentinel row (order key -1,
+in the year 2100) that moves every watermark past all real rows: the last micro-batches then put
+out every order still waiting for a side row, so the query's output is the whole LEFT join's
+result plus the sentinels' one row, which DuckDB computes from the same files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SIDE_COUNTS", "dataframe", "expected_rows", "side_streams", "stream_files"]
+
+#: The chains measured: orders enriched by 5 and by 10 side streams.
+SIDE_COUNTS = (5, 10)
+#: The days after the order within which a side row belongs to it (TPC-H: ship 1-121 days after, receipt 1-30 after that).
+WINDOW_DAYS = {"ship": 121, "delivery": 151}
+WATERMARK_DELAY = "1 day"
+SENTINEL_KEY = -1
+_COMPLETE = "_COMPLETE"
+
+
+def side_streams(count: int) -> list[tuple[str, str, int]]:
+    """(name, event, line number) of the first `count` side streams: shipments of lines 1-7, then deliveries of lines 1-3."""
+    sides = [(f"ship{i}", "ship", i) for i in range(1, 8)] + [(f"delivery{i}", "delivery", i) for i in range(1, 4)]
+    if not 1 <= count <= len(sides):
+        raise ValueError(f"the enrichment chain has 1 to {len(sides)} side streams, not {count}")
+    return sides[:count]
+
+
+def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
+    """Orders and all side streams at `sf`, as Parquet (Spark) and CSV (Flink) files, one per event-time window (once)."""
+    from umjoin import tpch
+
+    source = tpch.generate(sf, root)
+    target = source / f"enrichment-{batches}"
+    if (target / _COMPLETE).exists():
+        return target
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW o AS SELECT o_orderkey, o_custkey, o_totalprice, CAST(o_orderdate AS TIMESTAMP) AS o_time "
+                f"FROM '{source / 'orders.parquet'}'")
+    tables = {"orders": "SELECT * FROM o"}
+    for name, event, line in side_streams(len(side_streams(10))):
+        date = "l_shipdate" if event == "ship" else "l_receiptdate"
+        tables[name] = (f"SELECT l_orderkey AS {name}_orderkey, l_quantity AS {name}_quantity, l_extendedprice AS {name}_price, "
+                        f"CAST({date} AS TIMESTAMP) AS {name}_time FROM '{source / 'lineitem.parquet'}' WHERE l_linenumber = {line}")
+    for name, query in tables.items():
+        con.execute(f"CREATE TABLE {name} AS {query}")
+    first, last = con.execute("SELECT min(o_time), max(o_time) FROM orders").fetchone()  # type: ignore[misc]
+    ends = [con.execute(f"SELECT max({name}_time) FROM {name}").fetchone()[0] for name in tables if name != "orders"]  # type: ignore[index]
+    span = (max([last, *ends]) - first).total_seconds() + 1
+    for name in tables:
+        time = "o_time" if name == "orders" else f"{name}_time"
+        window = f"CAST(floor(epoch({time} - TIMESTAMP '{first}') * {batches} / {span}) AS INTEGER)"
+        for form in ("parquet", "csv"):
+            directory = target / form / name
+            directory.mkdir(parents=True, exist_ok=True)
+            options = "FORMAT parquet" if form == "parquet" else "FORMAT csv, HEADER false"
+            for b in range(batches):
+                path = directory / f"batch-{b:04d}.{form}"
+                con.execute(f"COPY (SELECT * FROM {name} WHERE {window} = {b}) TO '{path}' ({options})")
+                os.utime(path, (1_000_000 + b, 1_000_000 + b))
+            sentinel = directory / f"batch-{batches:04d}.{form}"
+            con.execute(f"COPY (SELECT * REPLACE ({SENTINEL_KEY} AS {_key(name)}, TIMESTAMP '2100-01-01' AS {time}) "
+                        f"FROM {name} LIMIT 1) TO '{sentinel}' ({options})")
+            os.utime(sentinel, (1_000_000 + batches, 1_000_000 + batches))
+    con.close()
+    (target / _COMPLETE).write_text("ok\n")
+    return target
+
+
+def _key(name: str) -> str:
+    return "o_orderkey" if name == "orders" else f"{name}_orderkey"
+
+
+def _condition(name: str, event: str) -> str:
+    return (f"{name}_orderkey = o_orderkey AND {name}_time BETWEEN o_time AND o_time + INTERVAL {WINDOW_DAYS[event]} DAYS")
+
+
+def sql(sides: int) -> str:
+    """The chain as SQL (Spark's and Flink's, and DuckDB's over the same tables)."""
+    joins = "".join(f"\nLEFT JOIN {name} ON {_condition(name, event)}" for name, event, _ in side_streams(sides))
+    return f"SELECT * FROM orders{joins}"
+
+
+def expected_rows(files: Path, sides: int) -> int:
+    """The chain's result over every file, sentinels included, computed by DuckDB."""
+    import duckdb
+
+    con = duckdb.connect()
+    for name in ["orders", *(s[0] for s in side_streams(sides))]:
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{files / 'parquet' / name}/*.parquet'")
+    count = con.execute(f"SELECT count(*) FROM ({sql(sides)})").fetchone()[0]  # type: ignore[index]
+    con.close()
+    return int(count)
+
+
+def dataframe(spark: Any, files: Path, sides: int) -> Any:
+    """The chain as Spark's streaming DataFrame: every stream with a watermark; each side's time loses its
+    watermark once joined (a join's side may carry one event-time column)."""
+    from pyspark.sql import functions as F
+
+    def stream(name: str) -> Any:
+        schema = spark.read.parquet(str(files / "parquet" / name)).schema
+        time = "o_time" if name == "orders" else f"{name}_time"
+        rows = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(files / "parquet" / name))
+        # The files' times have no time zone (the CSV's too, for Flink); a watermark needs Spark's TIMESTAMP (the session's zone is UTC).
+        return rows.withColumn(time, F.col(time).cast("timestamp")).withWatermark(time, WATERMARK_DELAY)
+
+    joined = stream("orders")
+    for name, event, _ in side_streams(sides):
+        joined = joined.join(stream(name), F.expr(_condition(name, event)), "left_outer").withMetadata(f"{name}_time", {})
+    return joined

@@ -1,0 +1,54 @@
+"""The enrichment workload's streams (bench/enrichment.py): every row once, in event-time windows, and
+the expected result DuckDB computes from them against the join computed here from TPC-H's own tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from bench import enrichment
+from conftest import TPCH_SF
+
+BATCHES = 4
+
+
+@pytest.fixture(scope="module")
+def files(tpch_data: Path) -> Path:
+    return enrichment.stream_files(TPCH_SF, BATCHES)
+
+
+def test_every_stream_row_once_in_windows_that_follow_each_other(files: Path, tpch_data: Path) -> None:
+    con = duckdb.connect()
+    orders = con.execute(f"SELECT count(*) FROM '{tpch_data / 'orders.parquet'}'").fetchone()[0]  # type: ignore[index]
+    lines = con.execute(f"SELECT count(*) FROM '{tpch_data / 'lineitem.parquet'}' WHERE l_linenumber = 3").fetchone()[0]  # type: ignore[index]
+    for name, time, rows in (("orders", "o_time", orders), ("ship3", "ship3_time", lines)):
+        for form in ("parquet", "csv"):
+            files_of = sorted((files / form / name).iterdir())
+            assert len(files_of) == BATCHES + 1, "a file per window and the sentinel's"
+            column = time if form == "parquet" else "column3"  # the CSV has no header (Flink's tables name the columns)
+            ranges = [con.execute(f"SELECT count(*), min({column}), max({column}) FROM '{f}'").fetchone() for f in files_of]
+            assert sum(r[0] for r in ranges[:-1]) == rows  # type: ignore[index]
+            assert ranges[-1][0] == 1  # type: ignore[index]
+            assert all(a[2] < b[1] for a, b in zip(ranges, ranges[1:])), f"{name}'s {form} windows overlap: {ranges}"  # type: ignore[index]
+
+
+def test_expected_rows_are_the_left_joins_of_the_tpch_tables_and_the_sentinels_row(files: Path, tpch_data: Path) -> None:
+    con = duckdb.connect()
+    joined = con.execute(f"""
+        SELECT count(*) FROM '{tpch_data / 'orders.parquet'}' o
+        LEFT JOIN (SELECT * FROM '{tpch_data / 'lineitem.parquet'}' WHERE l_linenumber = 1) s1
+          ON s1.l_orderkey = o.o_orderkey AND s1.l_shipdate BETWEEN o.o_orderdate AND o.o_orderdate + INTERVAL 121 DAYS
+        LEFT JOIN (SELECT * FROM '{tpch_data / 'lineitem.parquet'}' WHERE l_linenumber = 2) s2
+          ON s2.l_orderkey = o.o_orderkey AND s2.l_shipdate BETWEEN o.o_orderdate AND o.o_orderdate + INTERVAL 121 DAYS
+    """).fetchone()[0]  # type: ignore[index]
+    assert enrichment.expected_rows(files, 2) == joined + 1
+    padded = con.execute(f"SELECT count(*) FROM '{tpch_data / 'orders.parquet'}' o WHERE NOT EXISTS (SELECT 1 FROM "
+                         f"'{tpch_data / 'lineitem.parquet'}' WHERE l_orderkey = o_orderkey AND l_linenumber = 2)").fetchone()[0]  # type: ignore[index]
+    assert padded > 0, "some orders have no second line: the chain pads"
+
+
+def test_a_chain_longer_than_the_side_streams_is_refused() -> None:
+    with pytest.raises(ValueError, match="1 to 10 side streams"):
+        enrichment.side_streams(11)
