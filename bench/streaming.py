@@ -121,10 +121,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     executed = plan.executedPlan().toString() if plan is not None else ""
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     rss = next(int(l.split()[1]) * 1024 for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM"))
+    # Where the resident memory is: the JVM heap (its pools' highest use, and what it holds from the OS) or outside it (RocksDB, buffers).
+    management = spark._jvm.java.lang.management.ManagementFactory
+    heap_pools = [p for p in management.getMemoryPoolMXBeans() if p.getType().toString() == "Heap memory"]
+    peak_heap = sum(p.getPeakUsage().getUsed() for p in heap_pools)
+    heap_committed = management.getMemoryMXBean().getHeapMemoryUsage().getCommitted()
     # Stopped here, not by the JVM's exit: twice in eight runs a JVM left to exit on its own with
     # RocksDB state stores open hung in its exit and never ended.
     spark.stop()
-    return {"seconds": seconds, "error": error, "batches": batches, "peak_rss_bytes": rss,
+    return {"seconds": seconds, "error": error, "batches": batches, "peak_rss_bytes": rss, "peak_heap_bytes": peak_heap,
+            "heap_committed_bytes": heap_committed,
             "umjoin_in_plan": "StreamingUMJoin " in executed, "stream_stream_joins": executed.count("StreamingSymmetricHashJoin")}
 
 
@@ -164,7 +170,8 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
     print(f"{spec.get('label', spec['workload']):>8} {name:>15} {spec['driver_memory']:>4}: "
           f"{'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  output {result['output_rows']}  "
           f"state rows at end {result['final_state_rows']}  state bytes {_mb(result['final_state_bytes'])}  "
-          f"peak RSS {_mb(result['peak_rss_bytes'])}", flush=True)
+          f"peak RSS {_mb(result['peak_rss_bytes'])} (heap: peak use {_mb(result.get('peak_heap_bytes'))}, held {_mb(result.get('heap_committed_bytes'))})",
+          flush=True)
     return result
 
 
