@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SIDE_COUNTS", "dataframe", "expected_rows", "side_streams", "stream_files"]
+__all__ = ["SIDES", "SIDE_COUNTS", "dataframe", "expected_rows", "side_streams", "sql", "stream_files"]
 
 #: The chains measured: orders enriched by 5 and by 10 side streams.
 SIDE_COUNTS = (5, 10)
@@ -32,12 +32,15 @@ SENTINEL_KEY = -1
 _COMPLETE = "_COMPLETE"
 
 
+#: Every side stream, as (name, event, line number): shipments of lines 1-7, then deliveries of lines 1-3.
+SIDES = [(f"ship{i}", "ship", i) for i in range(1, 8)] + [(f"delivery{i}", "delivery", i) for i in range(1, 4)]
+
+
 def side_streams(count: int) -> list[tuple[str, str, int]]:
-    """(name, event, line number) of the first `count` side streams: shipments of lines 1-7, then deliveries of lines 1-3."""
-    sides = [(f"ship{i}", "ship", i) for i in range(1, 8)] + [(f"delivery{i}", "delivery", i) for i in range(1, 4)]
-    if not 1 <= count <= len(sides):
-        raise ValueError(f"the enrichment chain has 1 to {len(sides)} side streams, not {count}")
-    return sides[:count]
+    """The first `count` side streams of a chain."""
+    if not 1 <= count <= len(SIDES):
+        raise ValueError(f"the enrichment chain has 1 to {len(SIDES)} side streams, not {count}")
+    return SIDES[:count]
 
 
 def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
@@ -54,7 +57,7 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
     con.execute(f"CREATE VIEW o AS SELECT o_orderkey, o_custkey, o_totalprice, CAST(o_orderdate AS TIMESTAMP) AS o_time "
                 f"FROM '{source / 'orders.parquet'}'")
     tables = {"orders": "SELECT * FROM o"}
-    for name, event, line in side_streams(len(side_streams(10))):
+    for name, event, line in SIDES:
         date = "l_shipdate" if event == "ship" else "l_receiptdate"
         tables[name] = (f"SELECT l_orderkey AS {name}_orderkey, l_quantity AS {name}_quantity, l_extendedprice AS {name}_price, "
                         f"CAST({date} AS TIMESTAMP) AS {name}_time FROM '{source / 'lineitem.parquet'}' WHERE l_linenumber = {line}")
