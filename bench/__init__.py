@@ -14,6 +14,11 @@ from pyspark.sql import SparkSession
 TESTKIT_JAR = Path(__file__).resolve().parent.parent / "build" / "umjoin-spark-testkit.jar"
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """The process's resident memory at its highest (VmHWM): a benchmark's JVM, asked before it stops."""
+    return next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+
+
 def with_testkit(builder: SparkSession.Builder) -> SparkSession.Builder:
     """Adds the testkit jar to a builder UMJoin is configured on (after :func:`umjoin.configure`)."""
     if not TESTKIT_JAR.is_file():

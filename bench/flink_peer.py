@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import peak_rss_bytes
+
 #: How long the count must stay at the expected value before the run counts as complete.
 SETTLED_SECONDS = 10.0
 
@@ -86,7 +88,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     client.cancel().result()
     shutil.rmtree(savepoints, ignore_errors=True)
     pid = gateway.jvm.java.lang.ProcessHandle.current().pid()
-    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+    rss = peak_rss_bytes(pid)
     return {"seconds": counts[-1][0] if counts and error is None else None, "error": error, "output_rows": counts[-1][1] if counts else None,
             "state_bytes": state_bytes, "peak_rss_bytes": rss, "multi_join_in_plan": "MultiJoin" in plan}
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import peak_rss_bytes
+
 __all__ = ["MODES", "run_memory_bench"]
 
 MODES: dict[str, dict[str, str]] = {
@@ -73,7 +75,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
     heap_peak = sum(p.getPeakUsage().getUsed() for p in pools if p.getType().toString() == "Heap memory")
     pid = jvm.java.lang.ProcessHandle.current().pid()
-    rss_peak = next(int(l.split()[1]) * 1024 for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM"))
+    rss_peak = peak_rss_bytes(pid)
     return {"runs": runs, "peak_rss_bytes": rss_peak, "peak_heap_bytes": heap_peak}
 
 

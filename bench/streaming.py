@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment
+from bench import enrichment, peak_rss_bytes
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -120,7 +120,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     plan = query._jsq.streamingQuery().lastExecution()
     executed = plan.executedPlan().toString() if plan is not None else ""
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
-    rss = next(int(l.split()[1]) * 1024 for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM"))
+    rss = peak_rss_bytes(pid)
     # Where the resident memory is: the JVM heap (its pools' highest use, and what it holds from the OS) or outside it (RocksDB, buffers).
     management = spark._jvm.java.lang.management.ManagementFactory
     heap_pools = [p for p in management.getMemoryPoolMXBeans() if p.getType().toString() == "Heap memory"]
