@@ -7,7 +7,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Not, Or, Predicate, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
@@ -19,7 +19,7 @@ import org.apache.spark.sql.execution.umjoin.InMemoryStore
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
-import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StepRule, StoreIndex}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StepRule, StoreIndex, StreamPadding}
 import umjoin.spark.core.store.JoinStore
 
 /** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
@@ -37,23 +37,38 @@ final case class StageMetrics(
     static: Map[Int, StaticMetrics],
     unmatched: Option[UnmatchedMetrics])
 
-/**
- * The metrics of an outer or semi join: combinations no row matched (put out with NULLs, or
- * dropped), and combinations waiting for a match.
- */
+/** The metrics of a semi join: combinations no row matched (dropped), and combinations waiting for a match. */
 final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
 
 /**
- * An outer or semi join's combinations of its preserved inputs that no row of its non-preserved
- * input `nonPreserved` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in
+ * A semi join's combinations of its preserved inputs that no row of its non-preserved input
+ * `nonPreserved` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in
  * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's key class.
  *
  * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
  * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet)
- * @param rule        the join's [[StepRule]] (semi: a combination comes out at its first match; outer: padded once unmatchable)
+ * @param rule        the join's [[StepRule]] (a combination comes out at its first match, and is dropped once unmatchable)
  */
 final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
     unmatchable: Option[Expression], rule: StepRule)
+
+/**
+ * When the group's outer joins put out a combination of their preserved inputs padded with NULLs:
+ * in the batch its formation, its matched rows' arrivals and, for every input it is padded for, the
+ * first batch in which that join's state watermark ruled out a later match, whichever is latest,
+ * as Spark's chain of outer joins puts it out. Conditions are over the columns of the preserved
+ * inputs (`now(o)` and `before(o)`: outer input o's join rules it out in this batch, and did in the
+ * one before; Spark's state watermark predicate of the join's preserved side, which reads `start`
+ * only); `padded(o)`: a result row's columns of o are NULLs. Combinations none of whose rows is new
+ * come out by the rescan of `start`'s stored rows: see [[StageTask]].
+ */
+final case class OuterPadding(start: Int, now: Map[Int, Expression], before: Map[Int, Expression], padded: Map[Int, Expression]) {
+  /** A stored row of `start` some join rules out now, not before: its combinations may be due. */
+  def newly(o: Int): Expression = And(now(o), Not(before(o)))
+  def rescanned: Expression = now.keys.toSeq.sorted.map(newly).reduce(Or)
+  /** A complete combination the rescan puts out: padded for some input whose join ruled it out just now. */
+  def due: Expression = now.keys.toSeq.sorted.map(o => And(padded(o), newly(o))).reduce(Or)
+}
 
 /** The metrics of a stored static table. */
 final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
@@ -84,8 +99,16 @@ final case class MicroBatchJob(
     staticCache: StaticCacheSettings,
     staticRowBytes: Map[Int, (Double, Double)],
     unmatched: Option[UnmatchedSpec],
+    padding: Option[OuterPadding],
     partitions: Int,
     info: StatefulOperatorStateInfo) {
+
+  /**
+   * The route a shipped row's tag continues: a stream's new rows' route, or the rescan of
+   * `padding.start`'s stored rows (tag `kinds.size + start`), which takes the same steps.
+   */
+  def planOf(tag: Int): Route.Plan = routes(if (isRescan(tag)) tag - kinds.size else tag)
+  def isRescan(tag: Int): Boolean = tag >= kinds.size
 
   /** Tasks in a row the routes need: one per segment of the longest; each stage's task k works on partition k of every store. */
   val stageCount: Int = routes.values.map(_.segments.size).max
@@ -173,7 +196,8 @@ private[streaming] final class StageTask(
   private val probed = job.probesIn(stage)
   private val memoryIndexes = mutable.Map[Int, Map[StoreIndex, JoinStore]]()
   private def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
-    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream || j < start => ix }.distinct
+    // (An outer input's new rows are looked up by every route: a combination is padded only if none matches.)
+    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream || j < start || job.graph.outer.contains(j) => ix }.distinct
     val rows = job.kinds(j) match {
       case InputKind.Stream => fresh(j, None)
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
@@ -209,29 +233,36 @@ private[streaming] final class StageTask(
     staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(), m.hits, m.misses)
   })
 
-  /** The store a route from `start` probes input `input` through `index` with (the delta rule: later starts see this batch's rows). */
-  private def storeFor(start: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if input < start => new StageTask.Both(stored(input, index), inMemory(input, index))
+  /**
+   * The store the route of `tag` probes input `input` through `index` with (the delta rule: later
+   * starts see this batch's rows; the rescan sees none: its combinations have no new row).
+   */
+  private def storeFor(tag: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
+    case InputKind.Stream if input < tag && !job.isRescan(tag) => new StageTask.Both(stored(input, index), inMemory(input, index))
     case InputKind.Stream => stored(input, index)
     case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
     case _ => inMemory(input, index)
   }
 
-  // An outer or semi join's new combinations of its preserved inputs that no row of its non-preserved input matched in this task
+  // A semi join's new combinations of its preserved inputs that no row of its non-preserved input matched in this task
   // (or, in the last stage, that earlier stages shipped here): they wait for a match in the last stage's store.
   private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
 
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Int, (Route.Segment, ProbeCore)]()
-  private def coreOf(start: Int): (Route.Segment, ProbeCore) = cores.getOrElseUpdate(start, {
-    val run = job.routes(start)
+  private def coreOf(tag: Int): (Route.Segment, ProbeCore) = cores.getOrElseUpdate(tag, {
+    val run = job.planOf(tag)
     val segment = run.segments(stage)
+    val rescan = job.isRescan(tag)
+    // An outer step pads where no row of its input there is matches: stored, or new in this batch.
+    val padding = job.padding.map(p => StreamPadding((input, index) => new StageTask.Both(stored(input, index), inMemory(input, index)),
+      p.now.get, Option.when(rescan)(p.rescanned), Option.when(rescan)(p.due)))
     val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
-      (input, index) => storeFor(start, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
+      (input, index) => storeFor(tag, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
         val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
         (combination: InternalRow) => unmatchedHere += inInputOrder(combination).copy()
-      })
-    (segment, new ProbeCore(compiled, Option.when(stage == 0)(metrics.inputs(start).rowsIn),
+      }, padding)
+    (segment, new ProbeCore(compiled, Option.when(stage == 0 && !rescan)(metrics.inputs(run.start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
 
@@ -240,10 +271,17 @@ private[streaming] final class StageTask(
     def label(start: Int, rows: Iterator[InternalRow], segment: Route.Segment): Iterator[(Int, InternalRow)] =
       rows.map(row => (if (segment.next.isEmpty) StageTask.ResultRow else start, row))
     if (stage == 0) {
-      job.streams.iterator.filter(job.routes.contains).flatMap { start =>
+      val routes = job.streams.iterator.filter(job.routes.contains).flatMap { start =>
         val (segment, core) = coreOf(start)
         label(start, core.join(fresh(start, None)), segment)
       }
+      // The combinations of stored rows only that become due padded now: rescanned from the stored rows of the stream the joins' watermarks read.
+      val rescans = job.padding.iterator.flatMap { p =>
+        val tag = job.kinds.size + p.start
+        val (segment, core) = coreOf(tag)
+        label(tag, core.join(stateOf(p.start).visibleRows()), segment)
+      }
+      routes ++ rescans
     } else {
       val feeds = mutable.Map[Int, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
@@ -260,7 +298,7 @@ private[streaming] final class StageTask(
         } else {
           val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
             val (segment, core) = coreOf(start)
-            val feed = new StageTask.Feed(job.routes(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
+            val feed = new StageTask.Feed(job.planOf(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
             (segment, feed, core.join(feed))
           })
           feed.set(bytes)
@@ -281,7 +319,7 @@ private[streaming] final class StageTask(
     }
     val targets = mutable.Map[Int, UnsafeProjection]()
     def targetOf(start: Int, segment: Route.Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
-      val order = job.routes(start).route.order
+      val order = job.planOf(start).route.order
       val bound = order.take(segment.until + 1)
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
@@ -293,7 +331,7 @@ private[streaming] final class StageTask(
       // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
       case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
       case (start, row) =>
-        val segment = job.routes(start).segments(stage)
+        val segment = job.planOf(start).segments(stage)
         segment.next match {
           case Some(Route.Reach.ByKey(keyClass)) =>
             metrics.shipped += 1
@@ -307,8 +345,8 @@ private[streaming] final class StageTask(
   }
 
   /**
-   * The last stage: result rows, then an outer join's combinations put out with NULLs (a semi
-   * join's matched at last); once they are all out, the batch's new rows are stored and every store is committed.
+   * The last stage: result rows, then a semi join's combinations matched at last; once they are
+   * all out, the batch's new rows are stored and every store is committed.
    */
   def results(): Iterator[InternalRow] = {
     val rows = produced().flatMap {
@@ -323,11 +361,9 @@ private[streaming] final class StageTask(
   private var unmatchedWriter = Option.empty[InputStateWriter]
 
   /**
-   * An outer or semi join's waiting combinations in this partition, the ones already stored and
-   * this batch's new ones (every match the routes found is put out already): those a new row of
-   * the non-preserved input matches go (a semi join's come out now); those no later row can match
-   * any more go, out with NULLs for that input's columns (outer, as Spark's outer join puts out the
-   * preserved rows it evicts unmatched) or dropped (semi); the others wait.
+   * A semi join's waiting combinations in this partition, the ones already stored and this batch's
+   * new ones: those a new row of the non-preserved input matches go, and come out now; those no
+   * later row can match any more are dropped; the others wait.
    */
   private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
     val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)

@@ -35,6 +35,10 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   def hasStoresWithoutLayout: Boolean =
     !hasLayout && fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
 
+  /** Stores of combinations an outer join waited to match, which versions before chained outer joins kept (umjoin-unmatched-<i>). */
+  def hasUnmatchedStores(outerInputs: Set[Int]): Boolean =
+    fs.exists(partition0) && fs.listStatus(partition0).exists(f => outerInputs.exists(o => f.getPath.getName == InputState.unmatchedStoreName(o)))
+
   /** Whether a StreamingUMJoin's state is here (recorded layout, or stores of an earlier version). */
   def hasUMJoinState: Boolean = hasLayout || hasStoresWithoutLayout
 

@@ -173,30 +173,41 @@ object StreamingLayout {
   }
 
   /**
-   * `route` with the outer or semi join's non-preserved input probed last (unless the route starts
-   * there): everything its condition reads is bound by then, and the rows bound before it are a
-   * whole combination of the preserved inputs, which waits in that input's partition for a match
-   * where none is stored yet. The other inputs keep their order where they can, each reached from
-   * an input before it (they are connected without it, or the group does not convert).
+   * `route` with the non-preserved inputs of the outer and semi joins probed last (all but the one
+   * the route starts at): everything their conditions read is bound by then, and the rows bound
+   * before them are a whole combination of the preserved inputs (the group's inner inputs), which
+   * each of them matches, pads with NULLs or lets through. The other inputs keep their order where
+   * they can, each reached from an input before it (they are connected without the non-preserved
+   * ones, or the group does not convert).
    */
-  def nonPreservedLast(graph: JoinGraph, route: Route): Route = (graph.outer.keys ++ graph.filters.keys).headOption match {
-    case Some(o) if o != route.start && route.order.last != o =>
+  def nonPreservedLast(graph: JoinGraph, route: Route): Route = {
+    val moved = (graph.outer.keys ++ graph.filters.keys).toSeq.sorted.filter(_ != route.start)
+    if (moved.isEmpty || route.order.takeRight(moved.size).sorted == moved && isPreservedFirst(graph, route, moved)) route
+    else {
       val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)
       val edges = scala.collection.mutable.ArrayBuffer[(Int, Int)]()
-      var remaining = route.order.tail.filter(_ != o)
+      var remaining = route.order.tail.filterNot(moved.contains)
       while (remaining.nonEmpty) {
         val next = remaining.find(r => placed.exists(shares(_, r))).getOrElse(throw new IllegalStateException(
-          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the join of input $o are not connected without it"))
+          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the joins of inputs ${moved.mkString(", ")} are not connected without them"))
         val from = route.edges.collectFirst { case (f, `next`) if placed.contains(f) => f }.getOrElse(placed.find(shares(_, next)).get)
         edges += ((from, next))
         placed += next
         remaining = remaining.filter(_ != next)
       }
-      val onFrom = graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs).find(i => i != o && placed.contains(i)).get
-      Route(route.start, edges.toSeq :+ ((onFrom, o)))
-    case _ => route
+      // Each non-preserved input is probed from an input of its join's preserved side that shares its key.
+      val preserved = placed.toSet
+      moved.foreach { o =>
+        edges += ((graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs).find(preserved.contains).get, o))
+      }
+      Route(route.start, edges.toSeq)
+    }
   }
+
+  /** Whether every one of `moved` in `route` is probed from a preserved input (not from another of them). */
+  private def isPreservedFirst(graph: JoinGraph, route: Route, moved: Seq[Int]): Boolean =
+    route.edges.forall { case (from, to) => !moved.contains(to) || !moved.contains(from) }
 
   private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
 }

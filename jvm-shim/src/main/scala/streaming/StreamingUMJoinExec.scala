@@ -4,7 +4,7 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
@@ -39,15 +39,17 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * each store is written once per batch, as the batch's version.
  *
  * The join itself is its [[JoinGraph]] (`graphShape` and `graphExpressions`), as in
- * [[umjoin.spark.batch.UMJoinExec]]; with an outer join or a filter in it, one LEFT OUTER join on top of the group (a RIGHT
- * OUTER one with its sides swapped) or one LEFT SEMI join: its non-preserved stream is probed last,
- * by the join's condition, and a new combination of the other inputs that no stored row of it
- * matches waits in a store of its own, partitioned as that stream's store, until a later row
- * matches it or `unmatchable` says no later row can. Outer: a match is put out by the matching
- * row's route, and the combination goes; one no row matched is put out with NULLs, when Spark's
- * outer join would evict it from its state and put it out so. Semi: a combination is put out once,
- * at its first match (the semi stream starts no route), and one no row matched is dropped. With an adaptive `probeOrder`, the tasks count every probe's outcome and the
- * driver chooses the routes again between micro-batches ([[StreamingRoutes]]).
+ * [[umjoin.spark.batch.UMJoinExec]]. Outer joins over the group of inner joins (LEFT OUTER, RIGHT
+ * OUTER with its sides swapped; a chain of them, each matching one stream by the preserved
+ * inputs): their streams are probed last, by their ON clauses; a combination no row of one
+ * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
+ * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of
+ * `paddingStart`, whose stored rows are kept until every join padded them). Or one LEFT SEMI join
+ * on top: its stream is probed last, and a new combination no stored row of it matches waits in a
+ * store of its own, partitioned as that stream's store, until a later row matches it (it comes out
+ * once, then) or `unmatchable` says no later row can (it is dropped). With an adaptive
+ * `probeOrder`, the tasks count every probe's outcome and the driver chooses the routes again
+ * between micro-batches ([[StreamingRoutes]]).
  *
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
  * @param evictable   per input, its stored rows no future row can join any more
@@ -65,6 +67,9 @@ case class StreamingUMJoinExec(
     graphShape: GraphShape,
     graphExpressions: Seq[Expression],
     unmatchable: Option[Expression],
+    paddingStart: Option[Int],
+    paddedNow: Seq[Option[Expression]],
+    paddedBefore: Seq[Option[Expression]],
     layout: StreamingLayout,
     probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
@@ -81,10 +86,10 @@ case class StreamingUMJoinExec(
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
     InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
-  } ++ nonPreserved.map(InputState.unmatchedStoreName)
+  } ++ semiInput.map(InputState.unmatchedStoreName)
 
-  /** The non-preserved stream of the group's outer or semi join, if it has one. */
-  private def nonPreserved: Option[Int] = (graphShape.outer.keys ++ graphShape.filters.keys).headOption
+  /** The non-preserved stream of the group's semi join, if it has one. */
+  private def semiInput: Option[Int] = graphShape.filters.keys.headOption
 
   private def joinGraph: JoinGraph =
     graphShape.withExpressions(graphExpressions)
@@ -121,9 +126,10 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(InputMetrics.probes(i), s"$name: probes"),
         StatefulOperatorCustomSumMetric(InputMetrics.matches(i), s"$name: matches"),
         StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops")) ++
-        (if (!nonPreserved.contains(i)) Nil else Seq(
-          if (graphShape.outer.contains(i)) StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns")
-          else StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
+        (if (!graphShape.outer.contains(i)) Nil
+        else Seq(StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns"))) ++
+        (if (!semiInput.contains(i)) Nil else Seq(
+          StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
           StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
         (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
           StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
@@ -136,13 +142,14 @@ case class StreamingUMJoinExec(
 
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     longMetric(InputMetrics.rowsIn(i)), longMetric(InputMetrics.probes(i)), longMetric(InputMetrics.matches(i)),
-    longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"))
+    longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"),
+    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))))
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 
-  /** A batch with no new rows still runs when the watermark moved past what the state holds. */
+  /** A batch with no new rows still runs when the watermark moved past what the state holds, or what waits to be padded. */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
-    evictable.exists(_.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+    (evictable.exists(_.isDefined) || paddingStart.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
 
   /**
    * The memory and provider metrics of an input's index stores count as the operator's; their
@@ -208,7 +215,7 @@ case class StreamingUMJoinExec(
       staticLoads = staticLoads,
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
-      unmatched = nonPreserved.map { o =>
+      unmatched = semiInput.map { o =>
         val key = graph.classes.indexWhere(_.inputs.contains(o))
         val preserved = graph.joined.filter(_ != o)
         UnmatchedSpec(o,
@@ -216,6 +223,12 @@ case class StreamingUMJoinExec(
             InputState.unmatchedStoreName(o)),
           graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
           graph.stepRule(o))
+      },
+      padding = paddingStart.map { start =>
+        val outer = graphShape.outer.keys.toSeq
+        // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
+        OuterPadding(start, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
+          outer.map(o => o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
       partitions = partitions,
       info = info)
@@ -234,8 +247,7 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap,
-      unmatched = nonPreserved.map(o => UnmatchedMetrics(longMetric(if (graphShape.filters.contains(o)) s"semiDroppedInput$o" else InputMetrics.nullPadded(o)),
-        longMetric(s"unmatchedRowsInput$o"))))
+      unmatched = semiInput.map(o => UnmatchedMetrics(longMetric(s"semiDroppedInput$o"), longMetric(s"unmatchedRowsInput$o"))))
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableConfiguration(hadoopConf))
@@ -289,7 +301,7 @@ case class StreamingUMJoinExec(
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
           val static = kind match {
-            case InputKind.Stream if graphShape.outer.contains(i) => "left outer: unmatched combinations wait for it, "
+            case InputKind.Stream if graphShape.outer.contains(i) => "left outer: padded with NULLs once the watermark rules out a match, "
             case InputKind.Stream if graphShape.filters.contains(i) => "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "

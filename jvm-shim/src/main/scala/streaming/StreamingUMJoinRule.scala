@@ -8,7 +8,7 @@ import org.apache.hadoop.fs.Path
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeSet, EqualTo, ExprId, Expression, NamedExpression, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
 import org.apache.spark.sql.catalyst.plans.{LeftOuter, LeftSemi, RightOuter}
@@ -18,8 +18,8 @@ import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectEx
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, WatermarkSupport}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.{StreamingSymmetricHashJoinExec, StreamingSymmetricHashJoinHelper}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
@@ -48,7 +48,15 @@ final case class StreamingGroupPlan(
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
     unmatchable: Option[Expression],
+    padding: Option[PaddingPlan],
     evictionWatermark: Option[Long])
+
+/**
+ * When the group's outer joins pad a combination (see [[OuterPadding]]): per outer input, the
+ * condition under which its join's state watermark rules out a later match, in this micro-batch
+ * (`now`) and in the one before (`before`), over the columns of stream `start`.
+ */
+final case class PaddingPlan(start: Int, now: Map[Int, Expression], before: Map[Int, Expression])
 
 /**
  * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
@@ -200,10 +208,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     def resolve(e: Expression): Expression = e.transformUp { case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId)) }
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
       (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
-    val onTop = topJoinOf(group, kinds)
-    val topJoin = onTop.toOption.flatten
+    val onTop = joinsOnTop(group, kinds)
+    val (semiJoin, outerJoins) = onTop.getOrElse((None, Nil))
+    val topJoins = semiJoin.toSeq ++ outerJoins
     val conjuncts = group.members.flatMap {
-      case j: StreamingSymmetricHashJoinExec if topJoin.exists(_._1 eq j) => Nil
+      case j: StreamingSymmetricHashJoinExec if topJoins.exists(_._1 eq j) => Nil
       case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
       case j: BaseJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
@@ -239,13 +248,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
     else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
-        filterJoins = topJoin.collect { case (j, o) if j.joinType == LeftSemi => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
-        outerJoins = topJoin.collect { case (j, o) if j.joinType != LeftSemi => OuterJoin(o, joinConjuncts(j)) }.toSeq).flatMap { graph =>
-      val conditions = conjuncts ++ topJoin.toSeq.flatMap(o => joinConjuncts(o._1))
+        filterJoins = semiJoin.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
+        outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }).flatMap { graph =>
+      val conditions = conjuncts ++ topJoins.flatMap(o => joinConjuncts(o._1))
       // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
       val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
       // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
-      def unmatchable(watermark: Long): Option[Expression] = topJoin.flatMap { case (_, o) =>
+      def unmatchable(watermark: Long): Option[Expression] = semiJoin.flatMap { case (_, o) =>
         StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark, checked)
       }
       // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
@@ -255,10 +264,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           ResidualCondition(StreamingWatermarks.notLate(f, mark), inputs.indices.filter(i => f.time.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet + r)
         }
       }
+      lazy val padding = paddingOf(graph, outerJoins, outputs, resolve)
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
-      else if (topJoin.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoin.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.get)
-      else if (topJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(topJoin.get._1)} bound when a " +
+      else if (topJoins.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoins.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.head)
+      else if (semiJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(semiJoin.get._1)} bound when a " +
         "combination of its preserved side can no longer find a match, so none would ever be let go")
+      else if (padding.isLeft) Left(padding.swap.toOption.get)
+      else if (outerJoins.nonEmpty && checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet))) throw new IllegalStateException(checkpoint.get.refusal(
+        "its outer join's waiting combinations were written by an earlier version of UMJoin, which kept them in a store this version no longer reads"))
       else {
         val info = stateInfo.get
         def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
@@ -273,7 +286,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             watermarks = joinWatermarks.toOption.flatten,
             output = if (!computed) group.root.output else resultInputs.map { a =>
               // An outer join pads its non-preserved input's columns with NULLs.
-              if (topJoin.exists { case (j, o) => j.joinType != LeftSemi && AttributeSet(outputs(o)).contains(a) }) a.withNullability(true) else a
+              if (outerJoins.exists { case (_, o) => AttributeSet(outputs(o)).contains(a) }) a.withNullability(true) else a
             },
             project = Option.when(computed)(resultColumns.map {
               case (a, e: Attribute) if e.exprId == a.exprId => a
@@ -282,9 +295,20 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             lateRows = inputs.indices.map(i => if (kinds(i) != InputKind.Stream) None else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
             evictable = inputs.indices.map { i =>
               if (kinds(i) != InputKind.Stream) None
-              else StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams, checked)
+              else {
+                // A stored row also stays until every combination it is in was padded where due (see OuterPadding).
+                val padded = padding.toOption.flatten.map { p =>
+                  outerJoins.map { case (j, o) =>
+                    if (i == p.start) Some(p.now(o))
+                    else StreamingWatermarks.paddedBefore(i, p.start, outputs, conditions, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
+                  }
+                }
+                (StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
+                  .reduce((a, b) => for (x <- a; y <- b) yield And(x, y))
+              }
             },
             unmatchable = evictionWatermark.flatMap(unmatchable),
+            padding = padding.toOption.flatten,
             evictionWatermark = evictionWatermark))
         }
         checkpoint.get.recordedLayout(graph, outputs).map(_.getOrElse {
@@ -311,27 +335,88 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * The group's outer or semi stream-stream join and the index of its non-preserved input, or why
-   * the group cannot run it: one such join, with no join or filter of the group above it (the
-   * combination it pads with NULLs, or lets through, is then a result row as it is), whose
-   * non-preserved side is one stream.
+   * The group's semi join, or its outer joins, each with the index of its non-preserved input, or
+   * why the group cannot run them: one semi join, with no join or filter of the group above it (the
+   * combination it lets through is then a result row as it is); or outer joins with none but outer
+   * joins above them (a combination each pads with NULLs goes on only through the joins above); each
+   * join's non-preserved side one stream.
    */
-  private def topJoinOf(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind]): Either[String, Option[(StreamingSymmetricHashJoinExec, Int)]] =
-    group.members.collect { case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j } match {
-      case Seq() => Right(None)
-      case Seq(j) =>
-        val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
-        val input = group.inputs.indexWhere(_ eq nonPreserved)
-        val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
-        val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
-        if (above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
-          Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs an outer or semi join on top of its group only)")
-        else if (input < 0 || nonPreserved.exists(isJoin))
-          Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
-        else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
-        else Right(Some((j, input)))
-      case several => Left(s"it has ${several.size} outer or semi stream-stream joins (a streaming UMJoin runs one, on top of its group)")
+  private def joinsOnTop(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
+      : Either[String, (Option[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
+    val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
+    val (semis, outers) = group.members.collect {
+      case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j
+    }.partition(_.joinType == LeftSemi)
+    def nonPreservedOf(j: StreamingSymmetricHashJoinExec): Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
+      val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
+      val input = group.inputs.indexWhere(_ eq nonPreserved)
+      val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
+      if (above.exists(m => (isJoin(m) && !outers.exists(_ eq m)) || m.isInstanceOf[FilterExec]))
+        Left(s"its ${describe(j)} has an inner join or a filter of the group above it (a streaming UMJoin runs its outer or semi joins on top of its group)")
+      else if (input < 0 || nonPreserved.exists(isJoin)) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
+      else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
+      else Right((j, input))
     }
+    (semis, outers) match {
+      case (Seq(), Seq()) => Right((None, Nil))
+      case (Seq(semi), Seq()) => nonPreservedOf(semi).map(s => (Some(s), Nil))
+      case (Seq(), _) =>
+        val found = outers.map(nonPreservedOf)
+        found.collectFirst { case Left(reason) => reason }.toLeft((None, found.flatMap(_.toOption)))
+      case _ => Left(s"it has ${semis.size} semi and ${outers.size} outer stream-stream joins (a streaming UMJoin runs outer joins, or one semi join, on top of its group)")
+    }
+  }
+
+  /**
+   * When the group's outer joins pad (see [[OuterPadding]]), or why that cannot be told as Spark
+   * tells it: each join's preserved side is evicted from its state, unmatched rows put out with
+   * NULLs, by a watermark predicate on that side's event-time column (Spark's value predicate), the
+   * same stream's column for every join, and a row failing the ON clause's conditions on the
+   * preserved side alone is put out so at once. Each ON clause reads the group's inner inputs and its own stream.
+   */
+  private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamingSymmetricHashJoinExec, Int)], outputs: Seq[Seq[Attribute]],
+      resolve: Expression => Expression): Either[String, Option[PaddingPlan]] = if (outerJoins.isEmpty) Right(None) else {
+    val outerInputs = outerJoins.map(_._2).toSet
+    def inputsOf(e: Expression): Set[Int] = outputs.indices.filter(i => e.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet
+    val found = outerJoins.map { case (j, o) =>
+      val (preserved, keys, alone) = if (j.joinType == RightOuter) (j.right, j.rightKeys, j.condition.rightSideOnly) else (j.left, j.leftKeys, j.condition.leftSideOnly)
+      val time = StreamingWatermarks.eventTimeColumn(preserved.output)
+      val key = graph.classes(graph.outer(o).head).keyOf(o).get
+      if (graph.onInputs(o).exists(outerInputs.contains))
+        Left(s"the ON clause of its ${describe(j)} reads the non-preserved side of another outer join (a streaming UMJoin pads each by the group's inner inputs)")
+      else if (time.isEmpty || preservedStateWatermark(j, Some(0L)).isEmpty)
+        Left(s"no watermark and condition of its ${describe(j)} bound when a combination of its preserved side can no longer find a match, so none would ever be let go")
+      else if (keys.exists(_.references.exists(_.metadata.contains(EventTimeWatermark.delayKey))))
+        Left(s"its ${describe(j)} joins on its preserved side's event-time column, which Spark's state watermark then reads by key (a streaming UMJoin pads by the event-time value)")
+      else if (key.transform { case a: Attribute => Literal(null, a.dataType) }.eval() != null)
+        Left(s"the ON key ${key.sql} of its ${describe(j)} is not NULL where the non-preserved side's columns are")
+      else {
+        val column = resolve(time.get)
+        val starts = inputsOf(column)
+        val onlyPreserved = alone.map(resolve)
+        // A combination failing the conditions on the preserved side alone is padded at once, as Spark does (never stored).
+        def due(watermark: Option[Long]): Expression = {
+          val ruledOut = preservedStateWatermark(j, watermark).flatMap(w => WatermarkSupport.watermarkExpression(Some(column), Some(w))).getOrElse(Literal.FalseLiteral)
+          onlyPreserved.fold(ruledOut)(c => Or(Not(Coalesce(Seq(c, Literal.FalseLiteral))), ruledOut))
+        }
+        if (starts.size != 1 || onlyPreserved.exists(c => !inputsOf(c).subsetOf(starts)))
+          Left(s"the preserved side of its ${describe(j)} is evicted by a condition over several streams (a streaming UMJoin pads by one stream's rows)")
+        else Right((o, starts.head, due(j.eventTimeWatermarkForEviction), due(j.eventTimeWatermarkForLateEvents)))
+      }
+    }
+    found.collectFirst { case Left(reason) => reason }.map(Left(_)).getOrElse {
+      val pads = found.flatMap(_.toOption)
+      if (pads.map(_._2).distinct.size > 1) Left("its outer joins' preserved sides are evicted by the event times of different streams (a streaming UMJoin pads by one stream's rows)")
+      else Right(Some(PaddingPlan(pads.head._2, pads.map(p => p._1 -> p._3).toMap, pads.map(p => p._1 -> p._4).toMap)))
+    }
+  }
+
+  /** The state watermark (ms) of the outer join's preserved side under `watermark`: its rows at or below it can match no later row. */
+  private def preservedStateWatermark(j: StreamingSymmetricHashJoinExec, watermark: Option[Long]): Option[Long] = {
+    val (left, right) = StreamingSymmetricHashJoinHelper.getStateWatermark(j.left.output, j.right.output, j.leftKeys, j.rightKeys,
+      j.condition.full, watermark, false)
+    if (j.joinType == RightOuter) right else left
+  }
 
   /**
    * Why the outer or semi join of non-preserved input `o` cannot run in a streaming UMJoin, if it
@@ -449,6 +534,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       graphShape = graphShape,
       graphExpressions = graphExpressions,
       unmatchable = plan.unmatchable,
+      paddingStart = plan.padding.map(_.start),
+      paddedNow = converted.indices.map(i => plan.padding.flatMap(_.now.get(i))),
+      paddedBefore = converted.indices.map(i => plan.padding.flatMap(_.before.get(i))),
       layout = layout,
       probeOrder = probeOrder,
       lateRows = plan.lateRows,

@@ -118,6 +118,19 @@ object StreamingWatermarks {
     }.reduceOption(Or)
   }
 
+  /**
+   * Stored rows of input `i` that no combination still waiting to be padded by an outer join can
+   * hold: every row of `start` (the stream whose event time the join's state watermark reads) such a
+   * combination may hold with them is at or below the join's preserved-side state watermark
+   * `stateWatermarkMs` (its time at most d(i, start) past theirs). None without such a bound.
+   */
+  def paddedBefore(i: Int, start: Int, inputOutputs: Seq[Seq[Attribute]], conditions: Seq[Expression], stateWatermarkMs: Option[Long]): Option[Expression] =
+    for {
+      watermark <- stateWatermarkMs
+      d <- timeDistances(inputOutputs, conditions)(i)(start)
+      bound <- WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
+    } yield bound
+
   /** A key class holding both a key of input i and input m's event-time column: keys at or below the watermark. */
   private def keyBound(i: Int, m: Int, inputOutputs: Seq[Seq[Attribute]], classes: Seq[KeyClass], watermark: Long): Option[Expression] =
     eventTimeColumn(inputOutputs(m)).flatMap { time =>

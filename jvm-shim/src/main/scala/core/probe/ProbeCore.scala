@@ -21,8 +21,13 @@ object InputMetrics {
   def nullPadded(i: Int): String = s"nullPaddedInput$i"
 }
 
-/** A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone (null: none), and the output projection. */
-final class CompiledRoute(val steps: Array[CompiledRoute.Step], val streamedCondition: BasePredicate, val output: UnsafeProjection)
+/**
+ * A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone
+ * (null: none), the condition a complete combination must meet to come out (null: none), and the
+ * output projection.
+ */
+final class CompiledRoute(val steps: Array[CompiledRoute.Step], val streamedCondition: BasePredicate, val output: UnsafeProjection,
+    val resultCondition: BasePredicate = null)
 
 object CompiledRoute {
 
@@ -32,11 +37,15 @@ object CompiledRoute {
    * none), and `from`, the route's edge source the statistics are kept for. `rule` says what a match
    * and its absence do ([[StepRule]]); an outer step binds each row satisfying `condition` (its ON
    * clause), or `nullRow` when none does, and lets the combination go on where `post` holds (null:
-   * always). With `unmatched` (a streaming UMJoin's: a later row may still match), a combination none
-   * matches is handed to it instead of being padded (outer) or dropped (semi).
+   * always). With `unmatched` (a streaming UMJoin's semi step: a later row may still match), a
+   * combination none matches is handed to it instead of being dropped. A streaming UMJoin's outer
+   * step pads only where no row of `padCheck` (null: `store` is all there is) satisfies the ON clause
+   * either (its `store` holds only the rows this route may bind, `padCheck` every row there is) and
+   * `padNow` holds for the combination (null: always): the watermark rules out a later match.
    */
   final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
-      val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit) {
+      val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit,
+      val padCheck: JoinStore = null, val padNow: BasePredicate = null) {
     // The rule's answers as fields: read for every probe.
     val firstMatchOnly: Boolean = rule.firstMatchOnly
     val goesOnMatched: Boolean = rule.goesOnMatched
@@ -63,21 +72,27 @@ object CompiledRoute {
    * Compiles steps [from, until) of a route: the rows it starts from are the route's first
    * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
    * first), and it puts out the `result` projection once the route is complete, else the rows
-   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, an
-   * outer or semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
+   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, a
+   * semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
+   * With `padding`, an outer step pads as [[Step]] says, with `padding.check(input, index)` and
+   * `padding.now(input)`; a complete combination comes out where `padding.result` holds.
    */
   def segment(
       plan: Route.Plan,
       from: Int,
       until: Int,
-      outputs: Seq[Seq[Attribute]],
+      boundOutputs: Seq[Seq[Attribute]],
       result: Seq[Attribute],
       storeOf: (Int, StoreIndex) => JoinStore,
       keyed: Seq[Expression] => Seq[Expression],
       metrics: Seq[InputMetrics],
       partition: Int,
-      unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None): CompiledRoute = {
+      unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None,
+      padding: Option[StreamPadding] = None): CompiledRoute = {
     val order = plan.route.order
+    // An outer step's input may be bound as a row of NULLs: its columns are read as nullable.
+    val padded = plan.steps.filter(_.rule == StepRule.Outer).map(_.input).toSet
+    val outputs = boundOutputs.indices.map(i => if (padded.contains(i)) boundOutputs(i).map(_.withNullability(true)) else boundOutputs(i))
     val binds = plan.steps.map(_.input).zip(plan.steps.map(_.rule.binds)).toMap.withDefaultValue(true)
     // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
     val prefixes = order.indices.map(p => order.take(p + 1).filter(binds).flatMap(outputs))
@@ -92,13 +107,26 @@ object CompiledRoute {
       new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
         predicate(step.conditions, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
         new GenericInternalRow(outputs(step.input).size),
-        if (step.rule.waitsForLaterRows) unmatched.map(_(prefixes(s))).orNull else null)
+        if (step.rule == StepRule.Semi) unmatched.map(_(prefixes(s))).orNull else null,
+        padding.filter(_ => step.rule == StepRule.Outer).map(_.check(step.input, step.index)).orNull,
+        padding.filter(_ => step.rule == StepRule.Outer).map(p => predicate(p.now(step.input).toSeq, prefixes(s))).orNull)
     }.toArray
-    val startCondition = if (from == 0) predicate(plan.startConditions, outputs(order.head)) else null
-    val output = if (until == plan.steps.size) result else prefixes(until)
-    new CompiledRoute(steps, startCondition, UnsafeProjection.create(output, prefixes(until)))
+    val startCondition = if (from == 0) predicate(plan.startConditions ++ padding.flatMap(_.start), outputs(order.head)) else null
+    val complete = until == plan.steps.size
+    val output = if (complete) result else prefixes(until)
+    new CompiledRoute(steps, startCondition, UnsafeProjection.create(output, prefixes(until)),
+      if (complete) predicate(padding.flatMap(_.result).toSeq, prefixes(until)) else null)
   }
 }
+
+/**
+ * How a streaming UMJoin's outer steps pad (see [[CompiledRoute.Step]]): `check(input, index)` is
+ * every row of the outer input there is, `now(input)` the condition (over the preserved inputs'
+ * columns) under which the watermark rules out a later match. `start` and `result`, where given,
+ * are conditions on the start row and on a complete combination (the rescan of stored rows: see `StageTask`).
+ */
+final case class StreamPadding(check: (Int, StoreIndex) => JoinStore, now: Int => Option[Expression],
+    start: Option[Expression] = None, result: Option[Expression] = None)
 
 /** Chooses the route again now and then, within a task (the adaptive probe-order policies in batch). */
 trait Rerouting {
@@ -185,11 +213,14 @@ final class ProbeCore(
           }
         } else if (nextMatch(level)) {
           if (level == depth - 1) {
-            ready = true
-            return true
+            if (route.resultCondition == null || route.resultCondition.eval(bound(depth))) {
+              ready = true
+              return true
+            }
+          } else {
+            level += 1
+            probe(level)
           }
-          level += 1
-          probe(level)
         } else {
           val step = route.steps(level)
           if (found(level) == 0) step.metrics.earlyStops += 1
@@ -198,6 +229,13 @@ final class ProbeCore(
         }
       }
       false
+    }
+
+    /** Whether a row of step k's input this route does not bind satisfies its ON clause for the combination. */
+    private def matchedElsewhere(k: Int): Boolean = {
+      val step = route.steps(k)
+      val key = step.probeKey(bound(k))
+      !key.anyNull && step.padCheck.get(key).exists(row => step.condition == null || step.condition.eval(joined(k)(bound(k), row)))
     }
 
     /** Starts step k: probes its store with the key of the rows bound so far. */
@@ -249,10 +287,8 @@ final class ProbeCore(
       }
       if (!step.padded || candidates(k) == null || anyMatch(k)) return false
       candidates(k) = null  // the NULL row is bound once
-      if (step.unmatched != null) {
-        step.unmatched(bound(k))
-        return false
-      }
+      if (step.padCheck != null && matchedElsewhere(k)) return false
+      if (step.padNow != null && !step.padNow.eval(bound(k))) return false
       step.metrics.nullPadded.foreach(_ += 1)
       val row = joined(k)(bound(k), step.nullRow)
       if (step.post == null || step.post.eval(row)) {
