@@ -1,0 +1,107 @@
+"""Chains of outer stream-stream joins as one StreamingUMJoin: a stream x (joined inner with y, or
+alone) enriched by side streams z1..zn, each LEFT OUTER joined (or RIGHT OUTER, sides swapped) on a
+key of x and a time range around x's event time, as Flink's MultiJoin runs enrichments. Every
+micro-batch must put out exactly what Spark's chain of joins puts out in it: the matches, the
+NULL-padded rows (when each join's watermark rules out a match) and nothing Spark drops as late.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming_outer import run_by_batch
+from umjoin.local import temporary_conf
+
+BASE = datetime.datetime(2026, 1, 1)
+DELAY = "10 minutes"
+
+
+def columns(name: str) -> str:
+    return f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
+
+
+def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60) -> None:
+    """Rows of each stream over `minutes` of event time, out of order within the watermark's delay, a
+    few a day late, cut at random into micro-batches; then one far-future row per stream, whose
+    watermark lets every waiting combination go."""
+    for n, name in enumerate(names):
+        rows = []
+        for _ in range(rng.randint(15, 40)):
+            at = BASE + datetime.timedelta(minutes=rng.uniform(0, minutes))
+            rows.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (rng.randrange(5), rng.randrange(3), at, rng.randrange(100))))
+        rows.sort(key=lambda r: r[0])
+        data = [r[1] for r in rows]
+        for i in rng.sample(range(len(data) // 2, len(data)), 1):
+            data[i] = (data[i][0], data[i][1], BASE - datetime.timedelta(days=1), data[i][3])
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(2, 6)))
+        batches = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        write_batches(directory / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
+
+
+def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool) -> DataFrame:
+    """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
+    or "right" outer, zi on the preserved side's right) on x's `key` ("k" or "j") and zi_ts within 5
+    minutes of x_ts. Each zi_ts loses its watermark after its join: Spark's joins above take one
+    event-time column per side."""
+    def watermarked(name: str) -> DataFrame:
+        return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
+
+    def near(a: str, b: str):  # type: ignore[no-untyped-def]
+        return F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))
+
+    df = watermarked("x")
+    if with_y:
+        df = df.join(watermarked("y"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
+    for i, (how, key) in enumerate(sides, start=1):
+        z = watermarked(f"z{i}")
+        on = (F.col(f"x_{key}") == F.col(f"z{i}_{key}")) & near(f"z{i}_ts", "x_ts")
+        df = df.join(z, on, "left_outer") if how == "left" else z.join(df, on, "right_outer")
+        df = df.withMetadata(f"z{i}_ts", {})
+    return df
+
+
+def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str]):  # type: ignore[no-untyped-def]
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **settings}):
+        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+    return umjoin, on, off
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_random_chain_of_outer_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
+        spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    sides = [(rng.choice(["left", "right"]), rng.choice(["k", "k", "j"])) for _ in range(rng.randint(2, 4))]
+    with_y = rng.random() < 0.5
+    names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1))]
+    random_streams(tmp_path, names, rng)
+    settings = ROCKSDB if seed % 2 else {}
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y), settings)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, (sides, plan)
+    assert plan.count("padded with NULLs once the watermark rules out a match") == len(sides), plan
+    assert on == off, (sides, with_y)  # the same rows, each put out in the same micro-batch as many times
+    padded_somewhere = [row for row in on if None in row]
+    assert padded_somewhere and len(padded_somewhere) < len(on)
+
+
+def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: SparkSession, tmp_path: Path) -> None:
+    """The enrichment Flink's MultiJoin is built for: one stream and nine side streams on its key."""
+    rng = random.Random(10)
+    sides = [("left", "k")] * 9
+    random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 10))], rng, minutes=40)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, False), ROCKSDB)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert on == off
+    assert any(row[4] is not None and row[-4] is None for row in on)  # matched by z1, padded for z9
