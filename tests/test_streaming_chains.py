@@ -105,3 +105,23 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
     assert on == off
     assert any(row[4] is not None and row[-4] is None for row in on)  # matched by z1, padded for z9
+
+
+def test_an_outer_join_whose_on_clause_reads_another_outer_joins_stream_is_a_group_of_its_own(spark: SparkSession, tmp_path: Path) -> None:
+    """x LEFT JOIN z1 LEFT JOIN z2 ON z2_v > z1_v: z2's padding depends on z1's match, so the chain is
+    cut there: x LEFT JOIN z1 is one StreamingUMJoin, and its output LEFT JOIN z2 another, with Spark's answer."""
+    rng = random.Random(20)
+    random_streams(tmp_path, ["x", "z1", "z2"], rng)
+
+    def query() -> DataFrame:
+        df = chain_query(spark, tmp_path, [("left", "k")], False)
+        z2 = stream(spark, tmp_path / "z2", columns("z2")).withWatermark("z2_ts", DELAY)
+        near = F.col("z2_ts").between(F.col("x_ts") - F.expr("interval 5 minutes"), F.col("x_ts") + F.expr("interval 5 minutes"))
+        return df.join(z2, (F.col("x_k") == F.col("z2_k")) & near & (F.col("z2_v") > F.col("z1_v")), "left_outer")
+
+    with temporary_conf(spark, {"spark.umjoin.minInputs": "2"}):
+        umjoin, on, off = run_both(spark, tmp_path, query, {})
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 2 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert "ON #1: (z2_v" in plan, plan
+    assert on == off and any(row[-1] is None and row[4] is not None for row in on)

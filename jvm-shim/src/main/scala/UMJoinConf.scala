@@ -126,11 +126,11 @@ object UMJoinConf {
     "cost coefficient alpha_q of Eq. 8, per store lookup (times f(keys)); `0` drops that term")
   val MatchCost: Setting[Double] = Setting.number("spark.umjoin.dpPick.matchCost", 1.0, 0.0, Double.MaxValue,
     "cost coefficient alpha_m of Eq. 8, per matched row; `0` drops that term")
-  val StateCacheRows: Setting[Int] = Setting.int("spark.umjoin.stateCacheRows", default = 100000, min = 0,
+  val StateCacheRows: Setting[Int] = Setting.int("spark.umjoin.stateCacheRows", default = 0, min = 0,
     "streaming: where a task's partition of a stream's stored rows holds at most this many (as committed by the " +
-      "previous micro-batch on the same executor), the task reads them into memory once and probes them there " +
-      "instead of the state store (`0`: never). Most probes of a multi-way join find nothing, and a hash lookup " +
-      "costs far less than a seek in RocksDB")
+      "previous micro-batch on the same executor), the task reads them into memory once per micro-batch and probes " +
+      "them there instead of the state store (`0`: never). A hash lookup costs less than a seek in RocksDB, but the " +
+      "copies take memory beside the state store's: off by default, so that UMJoin's memory stays below Spark's joins'")
   val StaticTables: Setting[Boolean] = Setting.choice("spark.umjoin.staticTables", "store", Map("store" -> true, "reread" -> false),
     "streaming: a static table too big to broadcast, read from files, is `store`d in the StreamingUMJoin's state " +
       "(loaded when the query starts and when the table changes; see [Static tables](docs/streaming.md#static-tables-in-a-streaming-join)) " +

@@ -233,12 +233,14 @@ private[streaming] final class StageTask(
     staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(), m.hits, m.misses)
   })
 
+  private def seesNewRows(tag: Int, input: Int): Boolean = input < tag && !job.isRescan(tag)
+
   /**
    * The store the route of `tag` probes input `input` through `index` with (the delta rule: later
    * starts see this batch's rows; the rescan sees none: its combinations have no new row).
    */
   private def storeFor(tag: Int, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if input < tag && !job.isRescan(tag) => new StageTask.Both(stored(input, index), inMemory(input, index))
+    case InputKind.Stream if seesNewRows(tag, input) => new StageTask.Both(stored(input, index), inMemory(input, index))
     case InputKind.Stream => stored(input, index)
     case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
     case _ => inMemory(input, index)
@@ -254,8 +256,9 @@ private[streaming] final class StageTask(
     val run = job.planOf(tag)
     val segment = run.segments(stage)
     val rescan = job.isRescan(tag)
-    // An outer step pads where no row of its input there is matches: stored, or new in this batch.
-    val padding = job.padding.map(p => StreamPadding((input, index) => new StageTask.Both(stored(input, index), inMemory(input, index)),
+    // An outer step pads where no row of its input there is matches: the route binds the stored ones (and the new ones, where
+    // it sees them), so the new ones are checked where it does not.
+    val padding = job.padding.map(p => StreamPadding((input, index) => if (seesNewRows(tag, input)) null else inMemory(input, index),
       p.now.get, Option.when(rescan)(p.rescanned), Option.when(rescan)(p.due)))
     val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
       (input, index) => storeFor(tag, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>

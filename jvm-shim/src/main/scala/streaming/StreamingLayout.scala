@@ -1,5 +1,8 @@
 package umjoin.spark.streaming
 
+import scala.collection.mutable
+
+import org.apache.spark.sql.catalyst.expressions.Expression
 import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.core.JoinGraph
@@ -61,11 +64,15 @@ final case class StreamingLayout(
   def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored || (kinds(i) == InputKind.Stream && streams.size > 1))
 
   /**
-   * `route` planned over `graph` as this layout runs it: a store partitioned on a class the
-   * combination carries is reached in its partition (in the same task when the combination is there
-   * already) and probed by that class; any other store is reached in all partitions and probed by its
-   * widest index whose classes the combination all carries (one through the route's edge where there
-   * is one). A static table indexed in memory per batch is probed by every class of it the combination carries.
+   * `route` planned over `graph` as this layout runs it: a store partitioned on a class whose value
+   * the combination carries is reached by that value: in the same task where the combination is in
+   * that value's partition already (it was placed by a value known equal: the same input's same
+   * expression, or one a step matched with it), else shuffled there; and probed through its
+   * partitioning index. The value of a class is also the value of another class carried where the
+   * probed input's key is the same expression in both (an order key that several outer joins
+   * match, each in a class of its own). Any other store is reached in all partitions and probed by
+   * its widest index whose classes the combination all carries (one through the route's edge where
+   * there is one). A static table indexed in memory per batch is probed by every class of it the combination carries.
    */
   def plan(graph: JoinGraph, route: Route): Route.Plan = {
     val access = reaches(graph, route)
@@ -77,26 +84,44 @@ final case class StreamingLayout(
   /** Per step of `route`: how the combinations reach the store, and the index it is probed through (see [[plan]]). */
   private def reaches(graph: JoinGraph, route: Route): Seq[(Route.Reach, StoreIndex)] = {
     def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
-    var bound = classesOf(route.start)
-    var location = partitionClass(route.start)
+    def key(input: Int, c: Int): Expression = graph.classes(c).keyOf(input).get.canonicalized
+    // Per bound class, the expression its value comes from (the first bound input's), as ProbeSteps binds it.
+    val value = mutable.Map[Int, Expression]()
+    def bind(input: Int): Unit = classesOf(input).foreach(c => if (!value.contains(c)) value(c) = key(input, c))
+    /** The class whose value input `to` is found by for class p: p, or a carried class in which `to`'s key is the same expression. */
+    def carrying(to: Int, p: Int): Option[Int] =
+      if (value.contains(p)) Some(p) else classesOf(to).toSeq.sorted.find(c => value.contains(c) && key(to, c) == key(to, p))
+    // The values the combination's partition is the hash of: the one that placed it, and those known equal to it.
+    val placedBy = mutable.Set[Expression]()
+    partitionClass(route.start).foreach(c => placedBy += key(route.start, c))
+    bind(route.start)
     route.edges.map { case (from, to) =>
-      val carried = StoreIndex((classesOf(to) intersect bound).toSeq.sorted)
+      val carried = StoreIndex((classesOf(to) intersect value.keySet).toSeq.sorted)
       val step = partitionClass(to) match {
         case None => (Route.Reach.Local, carried)
-        case Some(p) if bound.contains(p) =>
-          val reach = if (location.contains(p)) Route.Reach.Local else Route.Reach.ByKey(p)
-          location = Some(p)
-          (reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
-        case Some(p) =>
-          location = Some(p)
-          val lookup = if (!InputKind.isStored(kinds(to))) Some(carried) else {
-            val edge = classesOf(from) intersect classesOf(to)
-            indexes(to).filter(_.classes.forall(bound.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
-          }
-          (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
-            s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
+        case Some(p) => carrying(to, p) match {
+          case Some(c) =>
+            val reach = if (placedBy.contains(value(c))) Route.Reach.Local else {
+              placedBy.clear()
+              placedBy += value(c)
+              Route.Reach.ByKey(c)
+            }
+            (reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
+          case None =>
+            placedBy.clear()
+            placedBy += key(to, p)
+            val lookup = if (!InputKind.isStored(kinds(to))) Some(carried) else {
+              val edge = classesOf(from) intersect classesOf(to)
+              indexes(to).filter(_.classes.forall(value.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
+            }
+            (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
+              s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
+        }
       }
-      bound ++= classesOf(to)
+      // A matched row's keys equal the values it was found by: where one placed the combination, they did too.
+      classesOf(to).foreach(c => if (value.get(c).exists(placedBy.contains)) placedBy += key(to, c))
+      bind(to)
+      classesOf(to).foreach(c => if (placedBy.contains(key(to, c))) placedBy += value(c))
       step
     }
   }

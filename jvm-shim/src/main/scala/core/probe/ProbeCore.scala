@@ -39,8 +39,8 @@ object CompiledRoute {
    * clause), or `nullRow` when none does, and lets the combination go on where `post` holds (null:
    * always). With `unmatched` (a streaming UMJoin's semi step: a later row may still match), a
    * combination none matches is handed to it instead of being dropped. A streaming UMJoin's outer
-   * step pads only where no row of `padCheck` (null: `store` is all there is) satisfies the ON clause
-   * either (its `store` holds only the rows this route may bind, `padCheck` every row there is) and
+   * step pads only where no row of `padCheck` (null: none) satisfies the ON clause either (its
+   * `store` holds only the rows this route may bind, `padCheck` the input's other rows) and
    * `padNow` holds for the combination (null: always): the watermark rules out a later match.
    */
   final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
@@ -121,7 +121,7 @@ object CompiledRoute {
 
 /**
  * How a streaming UMJoin's outer steps pad (see [[CompiledRoute.Step]]): `check(input, index)` is
- * every row of the outer input there is, `now(input)` the condition (over the preserved inputs'
+ * the outer input's rows the route does not bind (null: none), `now(input)` the condition (over the preserved inputs'
  * columns) under which the watermark rules out a later match. `start` and `result`, where given,
  * are conditions on the start row and on a complete combination (the rescan of stored rows: see `StageTask`).
  */

@@ -67,6 +67,15 @@ object ProbeSteps {
       }
     }
 
+    /**
+     * The value `to`'s key for class c is probed with: c's, or that of a bound class in which `to`'s
+     * key is the same expression (an index of one class serves the other: the rows it finds agree on both).
+     */
+    def valueFor(to: Int, c: Int): Option[Expression] = value.get(c).orElse {
+      val mine = classes(c).keyOf(to).map(_.canonicalized)
+      classes.indices.find(o => value.contains(o) && classes(o).keyOf(to).map(_.canonicalized) == mine).map(value)
+    }
+
     val startConditions = bind(route.start, Nil, Set.empty)._1
     var bound = Set(route.start)
     val steps = route.edges.map { case (from, to) =>
@@ -77,13 +86,17 @@ object ProbeSteps {
       // An outer input is probed by its ON clause's keys only, once everything its ON clause reads is bound.
       val usable = joinGraph.outer.get(to) match {
         case Some(on) => indexed(to).filter(_.classes.sorted == on.sorted).filter(_ => joinGraph.onInputs(to).subsetOf(bound))
-        case None => indexed(to).filter(_.classes.forall(value.contains))
+        case None => indexed(to).filter(_.classes.forall(value.contains)) match {
+          case Seq() => indexed(to).filter(_.classes.forall(c => valueFor(to, c).isDefined))
+          case bySame => bySame
+        }
       }
       val index = usable.sortBy(ix => (!ix.classes.exists(c => classes(c).inputs.contains(from)), -ix.classes.size)).headOption
         .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
+      val probeKeys = index.classes.map(c => valueFor(to, c).get)
       val (conditions, after) = bind(to, index.classes, bound)
       bound += to
-      Route.Step(to, from, index, index.classes.map(value), conditions, joinGraph.stepRule(to), after)
+      Route.Step(to, from, index, probeKeys, conditions, joinGraph.stepRule(to), after)
     }
     Route.Plan(route, startConditions, steps)
   }
