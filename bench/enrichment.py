@@ -6,7 +6,9 @@ The side streams are the order's events: ``ship<i>`` the shipment of line i (l_s
 days after the order) and ``delivery<i>`` its receipt (l_receiptdate, up to 151 days after). An
 order has one to seven lines, so some side streams have no row for an order and its result row is
 NULL-padded there. Each side joins ``orders`` on the order key and on its time lying within the
-order's window, so Spark's watermarks can evict both sides.
+order's window, so Spark's watermarks can evict both sides. The chain on two keys replaces the
+fifth side by ``reorder``, the same customer's orders placed within 30 days of the order (joined
+on the customer key: the order itself and any next one).
 
 Every stream is cut by event time into the same ``batches`` windows (a file per window, read one
 per micro-batch), so no row is late. A last file per stream holds one sentinel row (order key -1,
@@ -21,26 +23,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SIDES", "SIDE_COUNTS", "dataframe", "expected_rows", "side_streams", "sql", "stream_files"]
+__all__ = ["CHAINS", "SIDES", "chain", "dataframe", "expected_rows", "sql", "stream_files"]
 
-#: The chains measured: orders enriched by 5 and by 10 side streams.
-SIDE_COUNTS = (5, 10)
-#: The days after the order within which a side row belongs to it (TPC-H: ship 1-121 days after, receipt 1-30 after that).
-WINDOW_DAYS = {"ship": 121, "delivery": 151}
+#: The days after the order within which a side row belongs to it (TPC-H: ship 1-121 days after,
+#: receipt 1-30 after that; a reorder: the customer's orders within 30 days).
+WINDOW_DAYS = {"ship": 121, "delivery": 151, "reorder": 30}
 WATERMARK_DELAY = "1 day"
 SENTINEL_KEY = -1
 _COMPLETE = "_COMPLETE"
 
 
-#: Every side stream, as (name, event, line number): shipments of lines 1-7, then deliveries of lines 1-3.
+#: Every side stream keyed by the order, as (name, event, line number): shipments of lines 1-7, then deliveries of lines 1-3.
 SIDES = [(f"ship{i}", "ship", i) for i in range(1, 8)] + [(f"delivery{i}", "delivery", i) for i in range(1, 4)]
+#: The side stream keyed by the customer.
+REORDER = ("reorder", "reorder", 0)
+#: The chains measured, by name: orders enriched by 5 and by 10 side streams on the order key, and by 5 on two keys.
+CHAINS = {"5 sides": SIDES[:5], "10 sides": SIDES, "5 sides, 2 keys": [*SIDES[:4], REORDER]}
 
 
-def side_streams(count: int) -> list[tuple[str, str, int]]:
-    """The first `count` side streams of a chain."""
-    if not 1 <= count <= len(SIDES):
-        raise ValueError(f"the enrichment chain has 1 to {len(SIDES)} side streams, not {count}")
-    return SIDES[:count]
+def chain(name: str) -> list[tuple[str, str, int]]:
+    """The side streams of the chain `name`."""
+    if name not in CHAINS:
+        raise ValueError(f"the enrichment chains are {', '.join(repr(c) for c in CHAINS)}, not {name!r}")
+    return CHAINS[name]
 
 
 def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
@@ -48,7 +53,7 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
     from umjoin import tpch
 
     source = tpch.generate(sf, root)
-    target = source / f"enrichment-{batches}"
+    target = source / f"enrichment-{batches}-v2"
     if (target / _COMPLETE).exists():
         return target
     import duckdb
@@ -57,6 +62,7 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
     con.execute(f"CREATE VIEW o AS SELECT o_orderkey, o_custkey, o_totalprice, CAST(o_orderdate AS TIMESTAMP) AS o_time "
                 f"FROM '{source / 'orders.parquet'}'")
     tables = {"orders": "SELECT * FROM o"}
+    tables["reorder"] = "SELECT o_custkey AS reorder_custkey, o_orderkey AS reorder_orderkey, o_totalprice AS reorder_price, o_time AS reorder_time FROM o"
     for name, event, line in SIDES:
         date = "l_shipdate" if event == "ship" else "l_receiptdate"
         tables[name] = (f"SELECT l_orderkey AS {name}_orderkey, l_quantity AS {name}_quantity, l_extendedprice AS {name}_price, "
@@ -87,32 +93,34 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
 
 
 def _key(name: str) -> str:
-    return "o_orderkey" if name == "orders" else f"{name}_orderkey"
+    """The stream's join key (the sentinel's is -1)."""
+    return "o_orderkey" if name == "orders" else f"{name}_custkey" if name == REORDER[0] else f"{name}_orderkey"
 
 
 def _condition(name: str, event: str) -> str:
-    return (f"{name}_orderkey = o_orderkey AND {name}_time BETWEEN o_time AND o_time + INTERVAL {WINDOW_DAYS[event]} DAYS")
+    key = "custkey" if event == "reorder" else "orderkey"
+    return f"{name}_{key} = o_{key} AND {name}_time BETWEEN o_time AND o_time + INTERVAL {WINDOW_DAYS[event]} DAYS"
 
 
-def sql(sides: int) -> str:
-    """The chain as SQL (Spark's and Flink's, and DuckDB's over the same tables)."""
-    joins = "".join(f"\nLEFT JOIN {name} ON {_condition(name, event)}" for name, event, _ in side_streams(sides))
+def sql(sides: list[tuple[str, str, int]]) -> str:
+    """The chain of `sides` as SQL (Spark's and Flink's, and DuckDB's over the same tables)."""
+    joins = "".join(f"\nLEFT JOIN {name} ON {_condition(name, event)}" for name, event, _ in sides)
     return f"SELECT * FROM orders{joins}"
 
 
-def expected_rows(files: Path, sides: int) -> int:
+def expected_rows(files: Path, sides: list[tuple[str, str, int]]) -> int:
     """The chain's result over every file, sentinels included, computed by DuckDB."""
     import duckdb
 
     con = duckdb.connect()
-    for name in ["orders", *(s[0] for s in side_streams(sides))]:
+    for name in ["orders", *(s[0] for s in sides)]:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{files / 'parquet' / name}/*.parquet'")
     count = con.execute(f"SELECT count(*) FROM ({sql(sides)})").fetchone()[0]  # type: ignore[index]
     con.close()
     return int(count)
 
 
-def dataframe(spark: Any, files: Path, sides: int) -> Any:
+def dataframe(spark: Any, files: Path, sides: list[tuple[str, str, int]]) -> Any:
     """The chain as Spark's streaming DataFrame: every stream with a watermark; each side's time loses its
     watermark once joined (a join's side may carry one event-time column)."""
     from pyspark.sql import functions as F
@@ -125,6 +133,6 @@ def dataframe(spark: Any, files: Path, sides: int) -> Any:
         return rows.withColumn(time, F.col(time).cast("timestamp")).withWatermark(time, WATERMARK_DELAY)
 
     joined = stream("orders")
-    for name, event, _ in side_streams(sides):
+    for name, event, _ in sides:
         joined = joined.join(stream(name), F.expr(_condition(name, event)), "left_outer").withMetadata(f"{name}_time", {})
     return joined

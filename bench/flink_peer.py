@@ -30,6 +30,8 @@ SETTLED_SECONDS = 10.0
 def _columns(name: str) -> str:
     if name == "orders":
         return "o_orderkey BIGINT, o_custkey BIGINT, o_totalprice DECIMAL(15, 2), o_time TIMESTAMP(3)"
+    if name == "reorder":
+        return "reorder_custkey BIGINT, reorder_orderkey BIGINT, reorder_price DECIMAL(15, 2), reorder_time TIMESTAMP(3)"
     return f"{name}_orderkey BIGINT, {name}_quantity DECIMAL(15, 2), {name}_price DECIMAL(15, 2), {name}_time TIMESTAMP(3)"
 
 

@@ -72,7 +72,7 @@ def _streaming_query(spark: Any, spec: dict[str, Any]) -> Any:
 
     files = Path(spec["streams"])
     if spec["workload"] == "enrichment":
-        return enrichment.dataframe(spark, files, spec["sides"])
+        return enrichment.dataframe(spark, files, enrichment.chain(spec["chain"]))
     if spec["workload"] == "tpcds":
         streams.read_streams(spark, files, tpcds.FOUR_WAY_TABLES, tpcds.generate(spec["sf"]))
         return spark.sql(tpcds.FOUR_WAY_QUERY)
@@ -230,7 +230,7 @@ def _spark_and_umjoin(workload: dict[str, Any], checkpoint: Path, settings: dict
 
 
 def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, settings: dict[str, str]) -> Path:
-    """The enrichment chains (orders LEFT JOIN 5 and 10 side streams): Spark's joins, UMJoin, and Flink 2.3 with MultiJoin
+    """The enrichment chains (orders LEFT JOIN 5 and 10 side streams, and 5 on two keys): Spark's joins, UMJoin, and Flink 2.3 with MultiJoin
     and with its binary joins where PyFlink is installed; writes streaming_enrichment_sf<sf>.md / .json / .png."""
     import importlib.util
 
@@ -239,14 +239,14 @@ def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, set
     if not flink:
         print("PyFlink is not installed (pip install -e '.[peers]'): the enrichment chains run without Flink's MultiJoin beside them")
     chains = []
-    for sides in enrichment.SIDE_COUNTS:
+    for label, sides in enrichment.CHAINS.items():
         expected = enrichment.expected_rows(files, sides)
-        runs = _spark_and_umjoin({"workload": "enrichment", "sides": sides, "label": f"{sides} sides", "sf": sf, "streams": str(files)},
-                                 checkpoints / f"enrichment-{sides}", settings)
+        runs = _spark_and_umjoin({"workload": "enrichment", "chain": label, "label": label, "sf": sf, "streams": str(files)},
+                                 checkpoints / f"enrichment-{len(chains)}", settings)
         if flink:
             for name, multi_join in (("flink-multijoin", True), ("flink-binary", False)):
-                runs.append(_flink_run(files, sides, expected, multi_join, name))
-        chains.append({"sides": sides, "sql": enrichment.sql(sides), "expected_rows": expected, "runs": runs})
+                runs.append(_flink_run(files, label, expected, multi_join, name))
+        chains.append({"chain": label, "sql": enrichment.sql(sides), "expected_rows": expected, "runs": runs})
     stem = f"streaming_enrichment_sf{sf:g}"
     (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
                                                   "umjoin_settings": settings, "chains": chains}, indent=1) + "\n")
@@ -255,16 +255,17 @@ def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, set
     return out / f"{stem}.md"
 
 
-def _flink_run(files: Path, sides: int, expected: int, multi_join: bool, name: str) -> dict[str, Any]:
-    """One Flink run of the chain in a process of its own (see bench.flink_peer)."""
-    spec = {"files": str(files), "tables": ["orders", *(s[0] for s in enrichment.side_streams(sides))], "sql": enrichment.sql(sides),
+def _flink_run(files: Path, label: str, expected: int, multi_join: bool, name: str) -> dict[str, Any]:
+    """One Flink run of the chain `label` in a process of its own (see bench.flink_peer)."""
+    sides = enrichment.chain(label)
+    spec = {"files": str(files), "tables": ["orders", *(s[0] for s in sides)], "sql": enrichment.sql(sides),
             "expected_rows": expected, "multi_join": multi_join, "timeout_s": 3600}
     result = _reported_by("bench.flink_peer", spec)
     if "error" not in result:
         result = {"seconds": None, "error": f"Flink ended: {result['ended']}", "output_rows": None, "state_bytes": None,
                   "peak_rss_bytes": None, "multi_join_in_plan": False}
     result["run"] = name
-    print(f"{sides:>2} sides {name:>15}: {'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  "
+    print(f"{label:>8} {name:>15}: {'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  "
           f"output {result['output_rows']}  state bytes (savepoint) {_mb(result['state_bytes'])}  peak RSS {_mb(result['peak_rss_bytes'])}",
           flush=True)
     return result
@@ -275,7 +276,8 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
         f"# Streaming: enrichment chains of LEFT joins at TPC-H SF {sf:g} over {batches} event-time micro-batches",
         "",
         "One stream of orders LEFT JOINed with 5 and with 10 side streams keyed by the order (shipments of lines 1-7, "
-        "deliveries of lines 1-3), each on the order key and a time window after the order (`bench/enrichment.py`). "
+        "deliveries of lines 1-3), each on the order key and a time window after the order, and with 5 on two keys (the fifth: "
+        "the same customer's orders within 30 days, on the customer key) (`bench/enrichment.py`). "
         f"Spark's chained stream-stream joins and UMJoin: local[2], {STATE_PARTITIONS} state partitions, RocksDB, 4g, "
         "watermarks of 1 day; state rows and bytes (memory + SST files) at their highest over the micro-batches. "
         "Flink 2.3 (PyFlink, local mini cluster, parallelism 2, RocksDB): its regular joins over the same rows as CSV, "
@@ -288,7 +290,7 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
     ]
     for chain in chains:
         for r in chain["runs"]:
-            label = f"{chain['sides']} sides"
+            label = chain["chain"]
             if r["error"]:
                 lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | |")
                 continue
@@ -301,6 +303,17 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
             same = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
             lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({same}) | {r['seconds']:.0f} | {rows} | {state} | "
                          f"{_mb(r['peak_rss_bytes'])} |")
+    lines += ["", "| chain | UMJoin / Spark: time | state rows | state bytes | peak RSS | UMJoin / Flink MultiJoin: state bytes | time |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for chain in chains:
+        runs = {r["run"]: r for r in chain["runs"] if not r["error"]}
+        spark, umjoin, multi = runs.get("spark-rocksdb"), runs.get("umjoin-rocksdb"), runs.get("flink-multijoin")
+
+        def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str, other: str | None = None) -> str:
+            return _ratio(a[key] / b[other or key]) if a and b and a.get(key) and b.get(other or key) else "-"
+        lines.append(f"| {chain['chain']} | {ratio(umjoin, spark, 'seconds')} | {ratio(umjoin, spark, 'max_state_rows')} | "
+                     f"{ratio(umjoin, spark, 'max_state_bytes')} | {ratio(umjoin, spark, 'peak_rss_bytes')} | "
+                     f"{ratio(umjoin, multi, 'max_state_bytes', 'state_bytes')} | {ratio(umjoin, multi, 'seconds')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -318,7 +331,7 @@ def _enrichment_plots(path: Path, chains: list[dict[str, Any]]) -> None:
             values = [next((value(r) for r in c["runs"] if r["run"] == name), 0) for c in chains]
             scale = 2**20 if "MB" in title else 1
             ax.bar([x + k * width for x in range(len(chains))], [v / scale for v in values], width, label=name)
-        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(chains))], [f"{c['sides']} sides" for c in chains])
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(chains))], [c["chain"] for c in chains])
         ax.set(title=title)
         ax.legend()
     figure.tight_layout()

@@ -43,12 +43,24 @@ def test_expected_rows_are_the_left_joins_of_the_tpch_tables_and_the_sentinels_r
         LEFT JOIN (SELECT * FROM '{tpch_data / 'lineitem.parquet'}' WHERE l_linenumber = 2) s2
           ON s2.l_orderkey = o.o_orderkey AND s2.l_shipdate BETWEEN o.o_orderdate AND o.o_orderdate + INTERVAL 121 DAYS
     """).fetchone()[0]  # type: ignore[index]
-    assert enrichment.expected_rows(files, 2) == joined + 1
+    assert enrichment.expected_rows(files, enrichment.SIDES[:2]) == joined + 1
     padded = con.execute(f"SELECT count(*) FROM '{tpch_data / 'orders.parquet'}' o WHERE NOT EXISTS (SELECT 1 FROM "
                          f"'{tpch_data / 'lineitem.parquet'}' WHERE l_orderkey = o_orderkey AND l_linenumber = 2)").fetchone()[0]  # type: ignore[index]
     assert padded > 0, "some orders have no second line: the chain pads"
 
 
-def test_a_chain_longer_than_the_side_streams_is_refused() -> None:
-    with pytest.raises(ValueError, match="1 to 10 side streams"):
-        enrichment.side_streams(11)
+def test_the_chain_on_two_keys_finds_a_customers_next_orders(files: Path, tpch_data: Path) -> None:
+    """Its fifth side joins on the customer key: each order finds itself and its customer's orders of the next 30 days."""
+    con = duckdb.connect()
+    joined = con.execute(f"""
+        SELECT count(*) FROM '{tpch_data / 'orders.parquet'}' o
+        JOIN '{tpch_data / 'orders.parquet'}' r ON r.o_custkey = o.o_custkey AND r.o_orderdate BETWEEN o.o_orderdate AND o.o_orderdate + INTERVAL 30 DAYS
+    """).fetchone()[0]  # type: ignore[index]
+    orders = con.execute(f"SELECT count(*) FROM '{tpch_data / 'orders.parquet'}'").fetchone()[0]  # type: ignore[index]
+    assert joined > orders, "some customers order again within 30 days"
+    assert enrichment.expected_rows(files, [enrichment.REORDER]) == joined + 1
+
+
+def test_an_unknown_chain_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="the enrichment chains are '5 sides', '10 sides', '5 sides, 2 keys', not '7 sides'"):
+        enrichment.chain("7 sides")

@@ -337,9 +337,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * The group's semi join, or its outer joins, each with the index of its non-preserved input, or
    * why the group cannot run them: one semi join, with no join or filter of the group above it (the
-   * combination it lets through is then a result row as it is); or outer joins with none but outer
-   * joins above them (a combination each pads with NULLs goes on only through the joins above); each
-   * join's non-preserved side one stream.
+   * combination it lets through is then a result row as it is); or outer joins anywhere (the joins
+   * and filters above one read its padded columns nowhere: [[topJoinRefusal]]); each join's
+   * non-preserved side one stream.
    */
   private def joinsOnTop(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
       : Either[String, (Option[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
@@ -351,8 +351,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
       val input = group.inputs.indexWhere(_ eq nonPreserved)
       val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
-      if (above.exists(m => (isJoin(m) && !outers.exists(_ eq m)) || m.isInstanceOf[FilterExec]))
-        Left(s"its ${describe(j)} has an inner join or a filter of the group above it (a streaming UMJoin runs its outer or semi joins on top of its group)")
+      if (j.joinType == LeftSemi && above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
+        Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs a semi join on top of its group)")
       else if (input < 0 || nonPreserved.exists(isJoin)) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
       else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
