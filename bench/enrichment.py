@@ -12,7 +12,7 @@ on the customer key: the order itself and any next one).
 
 Every stream is cut by event time into the same ``batches`` windows (a file per window, read one
 per micro-batch), so no row is late. A last file per stream holds one sentinel row (order key -1,
-in the year 2100) that moves every watermark past all real rows: the last micro-batches then put
+in the year 2100; the orders' one with customer key -1 too) that moves every watermark past all real rows: the last micro-batches then put
 out every order still waiting for a side row, so the query's output is the whole LEFT join's
 result plus the sentinels' one row, which DuckDB computes from the same files.
 """
@@ -53,7 +53,7 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
     from umjoin import tpch
 
     source = tpch.generate(sf, root)
-    target = source / f"enrichment-{batches}-v2"
+    target = source / f"enrichment-{batches}-v3"
     if (target / _COMPLETE).exists():
         return target
     import duckdb
@@ -84,7 +84,9 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
                 con.execute(f"COPY (SELECT * FROM {name} WHERE {window} = {b}) TO '{path}' ({options})")
                 os.utime(path, (1_000_000 + b, 1_000_000 + b))
             sentinel = directory / f"batch-{batches:04d}.{form}"
-            con.execute(f"COPY (SELECT * REPLACE ({SENTINEL_KEY} AS {_key(name)}, TIMESTAMP '2100-01-01' AS {time}) "
+            # (The orders' sentinel has the customer key of reorder's: it matches every side's sentinel, and comes out.)
+            keys = f"{SENTINEL_KEY} AS {_key(name)}" + (f", {SENTINEL_KEY} AS o_custkey" if name == "orders" else "")
+            con.execute(f"COPY (SELECT * REPLACE ({keys}, TIMESTAMP '2100-01-01' AS {time}) "
                         f"FROM {name} LIMIT 1) TO '{sentinel}' ({options})")
             os.utime(sentinel, (1_000_000 + batches, 1_000_000 + batches))
     con.close()

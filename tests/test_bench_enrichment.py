@@ -64,3 +64,14 @@ def test_the_chain_on_two_keys_finds_a_customers_next_orders(files: Path, tpch_d
 def test_an_unknown_chain_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="the enrichment chains are '5 sides', '10 sides', '5 sides, 2 keys', not '7 sides'"):
         enrichment.chain("7 sides")
+
+
+@pytest.mark.parametrize("chain", list(enrichment.CHAINS))
+def test_the_orders_sentinel_matches_every_sides_sentinel(files: Path, chain: str) -> None:
+    """No watermark ever passes the sentinels' time: the orders' one must come out matched, never waiting to be padded."""
+    sides = enrichment.chain(chain)
+    con = duckdb.connect()
+    for name in ["orders", *(s[0] for s in sides)]:
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{files / 'parquet' / name}/*.parquet'")
+    matched = " AND ".join(f"{name}_time IS NOT NULL" for name, _, _ in sides)
+    assert con.execute(f"SELECT count(*) FROM ({enrichment.sql(sides)}) WHERE o_orderkey = -1 AND {matched}").fetchone()[0] == 1  # type: ignore[index]
