@@ -1,9 +1,9 @@
-"""Chains of outer stream-stream joins as one StreamingUMJoin: a stream x (joined inner with y, or
-alone) enriched by side streams z1..zn, each LEFT OUTER joined (or RIGHT OUTER, sides swapped, or
-INNER, above or below the outer ones) on a key of x and a time range around x's event time, as
-Flink's MultiJoin runs enrichments. Every
-micro-batch must put out exactly what Spark's chain of joins puts out in it: the matches, the
-NULL-padded rows (when each join's watermark rules out a match) and nothing Spark drops as late.
+"""Chains of outer and semi stream-stream joins as one StreamingUMJoin: a stream x (joined inner with
+y, or alone) enriched by side streams z1..zn, each LEFT OUTER joined (or RIGHT OUTER, sides swapped,
+INNER, or LEFT SEMI, above or below the others) on a key of x and a time range around x's event
+time, as Flink's MultiJoin runs enrichments. Every micro-batch must put out exactly what Spark's
+chain of joins puts out in it: the matches, the NULL-padded rows (when each join's watermark rules
+out a match), the semi join's rows at their first match, and nothing Spark drops as late.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def random_streams(directory: Path, names: list[str], rng: random.Random, minute
 
 def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
-    or "right" outer, zi on the preserved side's right, or "inner") on x's `key` ("k" or "j") and zi_ts
-    within 5 minutes of x_ts. Each zi_ts loses its watermark after its join: Spark's joins above take one
-    event-time column per side."""
+    or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k" or "j")
+    and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and the value of the inner side
+    joined before it, or y's). Each zi_ts loses its watermark after its join: Spark's joins above
+    take one event-time column per side."""
     def watermarked(name: str) -> DataFrame:
         return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
 
@@ -63,6 +64,12 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
     for i, (how, key) in enumerate(sides, start=1):
         z = watermarked(f"z{i}")
         on = (F.col(f"x_{key}") == F.col(f"z{i}_{key}")) & near(f"z{i}_ts", "x_ts")
+        if how == "semi":
+            # Reading the side joined before keeps Spark's optimizer from pushing the semi join down to x (not an
+            # outer join's side: a semi join's condition reading padded columns stays Spark's).
+            before = f"z{i - 1}_v" if i > 1 and sides[i - 2][0] == "inner" else "y_v" if with_y else None
+            df = df.join(z, on & (F.col(f"z{i}_v") + F.col(before) > 60) if before else on, "left_semi")
+            continue
         df = {"left": lambda: df.join(z, on, "left_outer"), "right": lambda: z.join(df, on, "right_outer"), "inner": lambda: df.join(z, on)}[how]()
         df = df.withMetadata(f"z{i}_ts", {})
     return df
@@ -76,24 +83,44 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
     return umjoin, on, off
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_random_chain_of_outer_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
-        spark: SparkSession, tmp_path: Path, seed: int) -> None:
+def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool]:
+    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed; and whether y is joined."""
     rng = random.Random(seed)
     sides = [(rng.choice(["left", "left", "right", "inner"]), rng.choice(["k", "k", "j"])) for _ in range(rng.randint(2, 4))]
-    with_y = rng.random() < 0.5
+    if seed % 2:
+        sides[rng.randrange(len(sides))] = ("semi", rng.choice(["k", "k", "j"]))
+    return sides, rng.random() < 0.5
+
+
+CHAIN_SEEDS = 8
+
+
+def test_the_random_chains_mix_every_join_type() -> None:
+    chains = [random_chain(seed)[0] for seed in range(CHAIN_SEEDS)]
+    kinds = [{how for how, _ in sides} for sides in chains]
+    assert any("semi" in k and {"left", "right"} & k for k in kinds)  # a semi join beside outer ones
+    assert any("semi" not in k and {"left", "right"} & k for k in kinds)
+    assert {"left", "right", "inner", "semi"} <= set().union(*kinds)
+    assert any(len(sides) >= 4 for sides in chains)
+
+
+@pytest.mark.parametrize("seed", range(CHAIN_SEEDS))
+def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
+        spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    sides, with_y = random_chain(seed)
     names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1))]
-    random_streams(tmp_path, names, rng)
-    settings = ROCKSDB if seed % 2 else {}
+    random_streams(tmp_path, names, random.Random(seed))
+    settings = ROCKSDB if seed % 4 in (1, 2) else {}
     umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y), settings)
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, (sides, plan)
-    assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how != "inner" for how, _ in sides), plan
+    assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how in ("left", "right") for how, _ in sides), plan
+    assert plan.count("left semi: unmatched combinations wait for it") == sum(how == "semi" for how, _ in sides), plan
     assert on == off, (sides, with_y)  # the same rows, each put out in the same micro-batch as many times
     padded_somewhere = [row for row in on if None in row]
     assert len(padded_somewhere) < len(on)  # some rows every join matched
-    assert padded_somewhere or any(how == "inner" for how, _ in sides)  # (inner joins above may drop every padded row)
+    assert padded_somewhere or any(how in ("inner", "semi") for how, _ in sides)  # (inner joins above may drop every padded row)
 
 
 def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: SparkSession, tmp_path: Path) -> None:

@@ -199,15 +199,18 @@ object StreamingLayout {
 
   /**
    * `route` with the non-preserved inputs of the outer and semi joins probed last (all but the one
-   * the route starts at): everything their conditions read is bound by then, and the rows bound
+   * the route starts at), the semi join's after the outer ones: everything their conditions read is bound by then, and the rows bound
    * before them are a whole combination of the preserved inputs (the group's inner inputs), which
    * each of them matches, pads with NULLs or lets through. The other inputs keep their order where
    * they can, each reached from an input before it (they are connected without the non-preserved
    * ones, or the group does not convert).
    */
   def nonPreservedLast(graph: JoinGraph, route: Route): Route = {
-    val moved = (graph.outer.keys ++ graph.filters.keys).toSeq.sorted.filter(_ != route.start)
-    if (moved.isEmpty || route.order.takeRight(moved.size).sorted == moved && isPreservedFirst(graph, route, moved)) route
+    // A semi join's input last of all: the combination it lets through, or hands to its waiting store, is then whole.
+    val semis = graph.filters.keys.toSeq.sorted.filter(_ != route.start)
+    val moved = graph.outer.keys.toSeq.sorted.filter(_ != route.start) ++ semis
+    val last = route.order.takeRight(moved.size)
+    if (moved.isEmpty || last.sorted == moved.sorted && last.takeRight(semis.size).sorted == semis && isPreservedFirst(graph, route, moved)) route
     else {
       val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)

@@ -39,13 +39,13 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * each store is written once per batch, as the batch's version.
  *
  * The join itself is its [[JoinGraph]] (`graphShape` and `graphExpressions`), as in
- * [[umjoin.spark.batch.UMJoinExec]]. Outer joins over the group of inner joins (LEFT OUTER, RIGHT
+ * [[umjoin.spark.batch.UMJoinExec]]. Outer joins anywhere in the group (LEFT OUTER, RIGHT
  * OUTER with its sides swapped; a chain of them, each matching one stream by the preserved
  * inputs): their streams are probed last, by their ON clauses; a combination no row of one
  * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
  * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of
- * `paddingStart`, whose stored rows are kept until every join padded them). Or one LEFT SEMI join
- * on top: its stream is probed last, and a new combination no stored row of it matches waits in a
+ * `paddingStart`, whose stored rows are kept until every join padded them). And one LEFT SEMI join
+ * anywhere: its stream is probed last, and a new combination no stored row of it matches waits in a
  * store of its own, partitioned as that stream's store, until a later row matches it (it comes out
  * once, then) or `unmatchable` says no later row can (it is dropped). With an adaptive
  * `probeOrder`, the tasks count every probe's outcome and the driver chooses the routes again
@@ -218,8 +218,10 @@ case class StreamingUMJoinExec(
       unmatched = semiInput.map { o =>
         val key = graph.classes.indexWhere(_.inputs.contains(o))
         val preserved = graph.joined.filter(_ != o)
+        // A waiting combination may be padded for an outer input: its columns are read as nullable.
+        val columns = preserved.flatMap(i => if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
         UnmatchedSpec(o,
-          InputStateSpec(o, preserved.flatMap(outputs), key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+          InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
             InputState.unmatchedStoreName(o)),
           graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
           graph.stepRule(o))

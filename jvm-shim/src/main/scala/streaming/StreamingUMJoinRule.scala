@@ -208,11 +208,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     def resolve(e: Expression): Expression = e.transformUp { case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId)) }
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
       (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
-    val onTop = joinsOnTop(group, kinds)
-    val (semiJoin, outerJoins) = onTop.getOrElse((None, Nil))
-    val topJoins = semiJoin.toSeq ++ outerJoins
+    val semiAndOuter = semiAndOuterJoins(group, kinds)
+    val (semiJoin, outerJoins) = semiAndOuter.getOrElse((None, Nil))
+    val nonInner = semiJoin.toSeq ++ outerJoins
     val conjuncts = group.members.flatMap {
-      case j: StreamingSymmetricHashJoinExec if topJoins.exists(_._1 eq j) => Nil
+      case j: StreamingSymmetricHashJoinExec if nonInner.exists(_._1 eq j) => Nil
       case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
       case j: BaseJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
@@ -244,18 +244,19 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && checkpoint.get.committedBefore))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
-    else if (onTop.isLeft) Left(onTop.swap.toOption.get)
+    else if (semiAndOuter.isLeft) Left(semiAndOuter.swap.toOption.get)
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
     else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
         filterJoins = semiJoin.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
         outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }).flatMap { graph =>
-      val conditions = conjuncts ++ topJoins.flatMap(o => joinConjuncts(o._1))
+      val conditions = conjuncts ++ nonInner.flatMap(o => joinConjuncts(o._1))
+      lazy val distances = StreamingWatermarks.timeDistances(outputs, conditions)
       // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
       val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
       // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
       def unmatchable(watermark: Long): Option[Expression] = semiJoin.flatMap { case (_, o) =>
-        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, conditions, watermark, checked)
+        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, distances, watermark, checked)
       }
       // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
       val lateConditions = combined.flatMap { f =>
@@ -266,7 +267,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       }
       lazy val padding = paddingOf(graph, outerJoins, outputs, resolve)
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
-      else if (topJoins.exists { case (j, o) => topJoinRefusal(graph, j, o).isDefined }) Left(topJoins.flatMap { case (j, o) => topJoinRefusal(graph, j, o) }.head)
+      else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined }) Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
       else if (semiJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(semiJoin.get._1)} bound when a " +
         "combination of its preserved side can no longer find a match, so none would ever be let go")
       else if (padding.isLeft) Left(padding.swap.toOption.get)
@@ -300,10 +301,10 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
                 val padded = padding.toOption.flatten.map { p =>
                   outerJoins.map { case (j, o) =>
                     if (i == p.start) Some(p.now(o))
-                    else StreamingWatermarks.paddedBefore(i, p.start, outputs, conditions, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
+                    else StreamingWatermarks.paddedBefore(i, p.start, outputs, distances, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
                   }
                 }
-                (StreamingWatermarks.evictableRows(i, outputs, graph.classes, conditions, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
+                (StreamingWatermarks.evictableRows(i, outputs, graph.classes, distances, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
                   .reduce((a, b) => for (x <- a; y <- b) yield And(x, y))
               }
             },
@@ -335,13 +336,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * The group's semi join, or its outer joins, each with the index of its non-preserved input, or
-   * why the group cannot run them: one semi join, with no join or filter of the group above it (the
-   * combination it lets through is then a result row as it is); or outer joins anywhere (the joins
-   * and filters above one read its padded columns nowhere: [[topJoinRefusal]]); each join's
+   * The group's semi join and its outer joins, each with the index of its non-preserved input, or
+   * why the group cannot run them: at most one semi join, and outer joins, anywhere in the group (the joins
+   * and filters above an outer join read its padded columns nowhere: [[nonInnerJoinRefusal]]; nothing
+   * above a semi join reads its non-preserved side, whose columns it does not put out); each join's
    * non-preserved side one stream.
    */
-  private def joinsOnTop(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
+  private def semiAndOuterJoins(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
       : Either[String, (Option[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
     val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
     val (semis, outers) = group.members.collect {
@@ -350,20 +351,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     def nonPreservedOf(j: StreamingSymmetricHashJoinExec): Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
       val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
       val input = group.inputs.indexWhere(_ eq nonPreserved)
-      val above = group.members.filter(m => !(m eq j) && m.exists(_ eq j))
-      if (j.joinType == LeftSemi && above.exists(m => isJoin(m) || m.isInstanceOf[FilterExec]))
-        Left(s"its ${describe(j)} has a join or filter of the group above it (a streaming UMJoin runs a semi join on top of its group)")
-      else if (input < 0 || nonPreserved.exists(isJoin)) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
+      if (input < 0 || nonPreserved.exists(isJoin)) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
       else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
     }
-    (semis, outers) match {
-      case (Seq(), Seq()) => Right((None, Nil))
-      case (Seq(semi), Seq()) => nonPreservedOf(semi).map(s => (Some(s), Nil))
-      case (Seq(), _) =>
-        val found = outers.map(nonPreservedOf)
-        found.collectFirst { case Left(reason) => reason }.toLeft((None, found.flatMap(_.toOption)))
-      case _ => Left(s"it has ${semis.size} semi and ${outers.size} outer stream-stream joins (a streaming UMJoin runs outer joins, or one semi join, on top of its group)")
+    if (semis.size > 1) Left(s"it has ${semis.size} semi stream-stream joins (a streaming UMJoin runs one, its combinations waiting for a match in one store)")
+    else {
+      val found = (semis ++ outers).map(nonPreservedOf)
+      found.collectFirst { case Left(reason) => reason }.toLeft {
+        val joins = found.flatMap(_.toOption)
+        (joins.find(_._1.joinType == LeftSemi), joins.filter(_._1.joinType != LeftSemi))
+      }
     }
   }
 
@@ -423,7 +421,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * cannot: its combinations wait for a match in `o`'s partition, found by one key, and checked by
    * the join's own condition alone.
    */
-  private def topJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
+  private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
     val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
     if (keys.size != 1) Some(s"its ${describe(join)} has ${keys.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
     else if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))

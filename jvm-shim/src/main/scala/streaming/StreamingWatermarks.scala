@@ -47,6 +47,11 @@ final case class SideLateFilter(name: String, streams: Seq[Int], time: Expressio
  * r.time <= W - d(i, m) for every m. Without a bound for some m, input i's state is kept
  * (spark.umjoin.stateTtl can bound it).
  */
+/** Per pair of inputs (i)(m), the bound on m's event time minus i's (ms), if the group's conditions bound it: see [[StreamingWatermarks.timeDistances]]. */
+final case class TimeDistances(bounds: IndexedSeq[IndexedSeq[Option[Long]]]) {
+  def apply(i: Int): IndexedSeq[Option[Long]] = bounds(i)
+}
+
 object StreamingWatermarks {
 
   def eventTimeColumn(attributes: Seq[Attribute]): Option[Attribute] =
@@ -79,11 +84,10 @@ object StreamingWatermarks {
       i: Int,
       inputOutputs: Seq[Seq[Attribute]],
       classes: Seq[KeyClass],
-      conditions: Seq[Expression],
+      distance: TimeDistances,
       evictionWatermarkMs: Option[Long],
       streams: Seq[Int],
       checked: Set[Int]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
-    val distance = timeDistances(inputOutputs, conditions)
     val others = streams.filter(_ != i)
     val bounds = others.map { m =>
       if (!checked.contains(m)) None
@@ -107,10 +111,9 @@ object StreamingWatermarks {
       preserved: Seq[Int],
       inputOutputs: Seq[Seq[Attribute]],
       classes: Seq[KeyClass],
-      conditions: Seq[Expression],
+      distance: TimeDistances,
       evictionWatermarkMs: Long,
       checked: Set[Int]): Option[Expression] = if (!checked.contains(outer)) None else {
-    val distance = timeDistances(inputOutputs, conditions)
     preserved.flatMap { p =>
       keyBound(p, outer, inputOutputs, classes, evictionWatermarkMs).orElse(distance(p)(outer).flatMap { d =>
         WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(p)), Some(evictionWatermarkMs - d))
@@ -124,10 +127,10 @@ object StreamingWatermarks {
    * combination may hold with them is at or below the join's preserved-side state watermark
    * `stateWatermarkMs` (its time at most d(i, start) past theirs). None without such a bound.
    */
-  def paddedBefore(i: Int, start: Int, inputOutputs: Seq[Seq[Attribute]], conditions: Seq[Expression], stateWatermarkMs: Option[Long]): Option[Expression] =
+  def paddedBefore(i: Int, start: Int, inputOutputs: Seq[Seq[Attribute]], distance: TimeDistances, stateWatermarkMs: Option[Long]): Option[Expression] =
     for {
       watermark <- stateWatermarkMs
-      d <- timeDistances(inputOutputs, conditions)(i)(start)
+      d <- distance(i)(start)
       bound <- WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
     } yield bound
 
@@ -143,9 +146,10 @@ object StreamingWatermarks {
   /**
    * d(i)(m): the tightest bound (ms) the conditions put on m.time - i.time, through any chain of
    * inputs; None when unbounded. Direct bounds come from Spark's analysis of the conditions between
-   * two inputs, asked relative to a far-away watermark so that no value is clipped.
+   * two inputs, asked relative to a far-away watermark so that no value is clipped (n² analyses of
+   * every condition: computed once per group, not per input asked about).
    */
-  private def timeDistances(inputOutputs: Seq[Seq[Attribute]], conditions: Seq[Expression]): IndexedSeq[IndexedSeq[Option[Long]]] = {
+  def timeDistances(inputOutputs: Seq[Seq[Attribute]], conditions: Seq[Expression]): TimeDistances = {
     val n = inputOutputs.size
     val far = 1000000000000L
     val condition = conditions.reduceOption(And)
@@ -163,6 +167,6 @@ object StreamingWatermarks {
         case _ =>
       }
     }
-    d.map(_.toIndexedSeq).toIndexedSeq
+    TimeDistances(d.map(_.toIndexedSeq).toIndexedSeq)
   }
 }
