@@ -3,7 +3,8 @@ y, or alone) enriched by side streams z1..zn, each LEFT OUTER joined (or RIGHT O
 INNER, or LEFT SEMI, above or below the others) on a key of x and a time range around x's event
 time, as Flink's MultiJoin runs enrichments. Every micro-batch must put out exactly what Spark's
 chain of joins puts out in it: the matches, the NULL-padded rows (when each join's watermark rules
-out a match), the semi join's rows at their first match, and nothing Spark drops as late.
+out a match), the semi join's rows at their first match, and nothing Spark drops as late; across
+a restart from the checkpoint too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pyspark.sql import functions as F
 
 from test_streaming import ROCKSDB, executed_plan, stream, write_batches
 from test_streaming_outer import run_by_batch
+from umjoin import plans
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -75,11 +77,28 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
     return df
 
 
-def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str]):  # type: ignore[no-untyped-def]
+def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str], restart: list[str] | None = None):  # type: ignore[no-untyped-def]
+    """The query with UMJoin on and off, each row's micro-batches. With `restart` (stream names), each runs
+    on the first half of those streams' files, stops, and restarts from its checkpoint on all of them."""
+    def run(checkpoint: Path, out: Path):  # type: ignore[no-untyped-def]
+        if not restart:
+            return run_by_batch(query(), checkpoint, out)
+        held = []
+        for name in restart:
+            files = sorted((tmp_path / name).glob("*.parquet"))
+            for f in files[len(files) // 2:]:
+                target = tmp_path / "held" / name / f.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                held.append((f.rename(target), f))
+        run_by_batch(query(), checkpoint, out)
+        for target, f in held:
+            target.rename(f)
+        return run_by_batch(query(), checkpoint, out)
+
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **settings}):
-        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run(tmp_path / "ck-on", tmp_path / "out-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run(tmp_path / "ck-off", tmp_path / "out-off")
     return umjoin, on, off
 
 
@@ -102,6 +121,8 @@ def test_the_random_chains_mix_every_join_type() -> None:
     assert any("semi" not in k and {"left", "right"} & k for k in kinds)
     assert {"left", "right", "inner", "semi"} <= set().union(*kinds)
     assert any(len(sides) >= 4 for sides in chains)
+    restarted = [kinds[seed] for seed in range(CHAIN_SEEDS) if seed % 3 == 2]
+    assert any("semi" in k and {"left", "right"} & k for k in restarted) and any("semi" not in k for k in restarted)
 
 
 @pytest.mark.parametrize("seed", range(CHAIN_SEEDS))
@@ -111,7 +132,8 @@ def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_mic
     names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1))]
     random_streams(tmp_path, names, random.Random(seed))
     settings = ROCKSDB if seed % 4 in (1, 2) else {}
-    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y), settings)
+    restart = names if seed % 3 == 2 else None  # stopped halfway, with combinations waiting to be padded or matched
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y), settings, restart)
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, (sides, plan)
@@ -154,3 +176,16 @@ def test_an_outer_join_whose_on_clause_reads_another_outer_joins_stream_is_a_gro
     assert plan.count("StreamingUMJoin inputs=") == 2 and "StreamingSymmetricHashJoin" not in plan, plan
     assert "ON #1: (z2_v" in plan, plan
     assert on == off and any(row[-1] is None and row[4] is not None for row in on)
+
+
+def test_a_group_with_two_semi_joins_keeps_one_of_them_as_spark_planned_it_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
+    """x JOIN y SEMI z1 SEMI z2: a StreamingUMJoin runs one semi join (its waiting combinations in one store)."""
+    rng = random.Random(30)
+    random_streams(tmp_path, ["x", "y", "z1", "z2"], rng)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, [("semi", "k"), ("semi", "j")], True), {})
+
+    plan = executed_plan(umjoin)
+    reasons = plans.unconverted_streaming_joins(spark, umjoin)
+    assert any("it has 2 semi stream-stream joins (a streaming UMJoin runs one" in r for r in reasons), reasons
+    assert plan.count("StreamingSymmetricHashJoin") >= 1 and plan.count("left semi: unmatched combinations wait for it") <= 1, plan
+    assert on == off and on

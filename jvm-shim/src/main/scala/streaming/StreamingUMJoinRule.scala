@@ -11,7 +11,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
-import org.apache.spark.sql.catalyst.plans.{LeftOuter, LeftSemi, RightOuter}
+import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec, SortExec, SparkPlan}
@@ -116,7 +116,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
-        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins")
+        val why = if (j.joinType == FullOuter) " (both its sides are padded: in a group of three or more inputs one side is a join, " +
+          "which a StreamingUMJoin does not pad; of two streams alone, Spark's join keeps just its two inputs in state, as a StreamingUMJoin would)" else ""
+        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins$why")
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
