@@ -199,9 +199,9 @@ object StreamingLayout {
 
   /**
    * `route` with the non-preserved inputs of the outer and semi joins probed last (all but the one
-   * the route starts at), the semi join's after the outer ones: everything their conditions read is bound by then, and the rows bound
-   * before them are a whole combination of the preserved inputs (the group's inner inputs), which
-   * each of them matches, pads with NULLs or lets through. The other inputs keep their order where
+   * the route starts at), the semi join's after the outer ones: everything their conditions read is
+   * bound by then, and the rows bound before them are a whole combination of the preserved inputs
+   * (the group's inner inputs), which each of them matches, pads with NULLs or lets through. The other inputs keep their order where
    * they can, each reached from an input before it (they are connected without the non-preserved
    * ones, or the group does not convert).
    */

@@ -21,6 +21,11 @@ final case class SideLateFilter(name: String, streams: Seq[Int], time: Expressio
     streams.size == 1 && time.references.subsetOf(AttributeSet(inputOutputs(streams.head)))
 }
 
+/** Per pair of inputs (i)(m), the bound on m's event time minus i's (ms), if the group's conditions bound it: see [[StreamingWatermarks.timeDistances]]. */
+final case class TimeDistances(bounds: IndexedSeq[IndexedSeq[Option[Long]]]) {
+  def apply(i: Int): IndexedSeq[Option[Long]] = bounds(i)
+}
+
 /**
  * Event-time watermarks for a streaming UMJoin's inputs.
  *
@@ -47,11 +52,6 @@ final case class SideLateFilter(name: String, streams: Seq[Int], time: Expressio
  * r.time <= W - d(i, m) for every m. Without a bound for some m, input i's state is kept
  * (spark.umjoin.stateTtl can bound it).
  */
-/** Per pair of inputs (i)(m), the bound on m's event time minus i's (ms), if the group's conditions bound it: see [[StreamingWatermarks.timeDistances]]. */
-final case class TimeDistances(bounds: IndexedSeq[IndexedSeq[Option[Long]]]) {
-  def apply(i: Int): IndexedSeq[Option[Long]] = bounds(i)
-}
-
 object StreamingWatermarks {
 
   def eventTimeColumn(attributes: Seq[Attribute]): Option[Attribute] =
