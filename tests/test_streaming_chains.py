@@ -189,3 +189,26 @@ def test_a_group_with_two_semi_joins_keeps_one_of_them_as_spark_planned_it_and_s
     assert any("it has 2 semi stream-stream joins (a streaming UMJoin runs one" in r for r in reasons), reasons
     assert plan.count("StreamingSymmetricHashJoin") >= 1 and plan.count("left semi: unmatched combinations wait for it") <= 1, plan
     assert on == off and on
+
+
+def test_a_semi_joins_first_match_batches_after_its_row_comes_out_then_through_the_join_above_like_spark(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """(x SEMI z1) JOIN z2: x and z2 of key 1 arrive in batch 0, z1's match only in batch 3, after the watermark
+    passed x's time (20 minutes in, x at 17): Spark's semi join still holds x (no z1 row within 5 minutes of it
+    is late yet) and puts it out then; the join above, whose watermark trails by those 5 minutes, joins it with
+    z2. Key 2's match arrives with x in batch 0. The StreamingUMJoin's waiting combination comes out in batch 3."""
+    at = lambda minutes: BASE + datetime.timedelta(minutes=minutes)  # noqa: E731
+    far = [(9, 9, at(30), 0)]  # every stream's watermark then reaches 20 minutes
+    batches = {
+        "x": [[(1, 0, at(17), 1), (2, 0, at(17), 2)], far, [], []],
+        "z1": [[(2, 0, at(18), 3)], far, [], [(1, 0, at(21), 4)]],
+        "z2": [[(1, 0, at(17), 5), (2, 0, at(17), 6)], far, [], []],
+    }
+    for name, rows in batches.items():
+        write_batches(tmp_path / name, columns(name), rows)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, [("semi", "k"), ("inner", "k")], False), {})
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "left semi: unmatched combinations wait for it" in plan, plan
+    assert sorted((row[0], batches) for row, batches in on.items()) == [(1, [3]), (2, [0]), (9, [1])], on  # (the far rows match each other)
+    assert on == off
