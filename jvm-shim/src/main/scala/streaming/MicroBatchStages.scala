@@ -19,7 +19,7 @@ import org.apache.spark.sql.execution.umjoin.InMemoryStore
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
-import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StepRule, StoreIndex, StreamPadding}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StoreIndex, StreamPadding}
 import umjoin.spark.core.store.JoinStore
 
 /** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
@@ -46,11 +46,10 @@ final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
  * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's key class.
  *
  * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
- * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet)
- * @param rule        the join's [[StepRule]] (a combination comes out at its first match, and is dropped once unmatchable)
+ * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet); they are dropped
  */
 final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
-    unmatchable: Option[Expression], rule: StepRule)
+    unmatchable: Option[Expression])
 
 /**
  * When the group's outer joins put out a combination of their preserved inputs padded with NULLs:
@@ -379,18 +378,15 @@ private[streaming] final class StageTask(
     val joined = new JoinedRow
     def matched(combination: InternalRow): Boolean =
       arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
-    // The non-preserved input's columns may be NULL in a result row: bound as nullable. A semi join's result has none of them.
-    val padded = UnsafeProjection.create(job.result, u.spec.output ++ job.outputs(u.nonPreserved).map(_.withNullability(true)))
-    val nulls = new GenericInternalRow(job.outputs(u.nonPreserved).size)
+    // A semi join's result reads none of its non-preserved input's columns.
+    val result = UnsafeProjection.create(job.result, u.spec.output)
     val out = mutable.ArrayBuffer[InternalRow]()
-    def putOut(combination: InternalRow): Unit = out += padded(joined(combination, nulls)).copy()
-    /** Whether the combination goes: matched now (a semi join's comes out), or matched by no later row (an outer join's comes out). */
+    /** Whether the combination goes: matched now (it comes out), or matched by no later row (it is dropped). */
     def goes(combination: InternalRow): Boolean =
       if (matched(combination)) {
-        if (u.rule.putOutWhenMatchedLater) putOut(combination)
+        out += result(combination).copy()
         true
       } else if (unmatchable.exists(_.eval(combination))) {
-        if (u.rule.putOutWhenNeverMatched) putOut(combination)
         metrics.unmatched.foreach(_.gone += 1)
         true
       } else false

@@ -223,8 +223,7 @@ case class StreamingUMJoinExec(
         UnmatchedSpec(o,
           InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
             InputState.unmatchedStoreName(o)),
-          graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable,
-          graph.stepRule(o))
+          graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable)
       },
       padding = paddingStart.map { start =>
         val outer = graphShape.outer.keys.toSeq

@@ -29,12 +29,6 @@ sealed abstract class StepRule(val joinType: JoinType) {
 
   /** A store without rows ends every combination, so nothing needs to be read. */
   def emptyStoreEndsAll: Boolean = noMatch == StepRule.Ends
-  /** In a stream, a combination no stored row matches waits for later rows of the input. */
-  def waitsForLaterRows: Boolean = this == StepRule.Semi || this == StepRule.Outer
-  /** A waiting combination matched by a later row is put out then (semi: its one result); outer: that row's route put it out. */
-  def putOutWhenMatchedLater: Boolean = !binds
-  /** A waiting combination no later row can match is put out with NULLs (outer) or dropped (semi). */
-  def putOutWhenNeverMatched: Boolean = noMatch == StepRule.Padded
   /** How `explain()` marks the input in a probe order: "" for inner, " (semi)", " (anti)", " (outer)". */
   def label: String = if (this == StepRule.InnerStep) "" else s" ($name)"
   def name: String
