@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from test_streaming import ROCKSDB, executed_plan, stream, write_batches
-from test_streaming_outer import run_by_batch
+from test_streaming_outer import hold_back_second_half, run_by_batch
 from umjoin import plans
 from umjoin.local import temporary_conf
 
@@ -83,16 +83,9 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
     def run(checkpoint: Path, out: Path):  # type: ignore[no-untyped-def]
         if not restart:
             return run_by_batch(query(), checkpoint, out)
-        held = []
-        for name in restart:
-            files = sorted((tmp_path / name).glob("*.parquet"))
-            for f in files[len(files) // 2:]:
-                target = tmp_path / "held" / name / f.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                held.append((f.rename(target), f))
+        put_back = hold_back_second_half(tmp_path, restart)
         run_by_batch(query(), checkpoint, out)
-        for target, f in held:
-            target.rename(f)
+        put_back()
         return run_by_batch(query(), checkpoint, out)
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **settings}):

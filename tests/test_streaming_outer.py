@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,22 @@ def outer_query(spark: SparkSession, directory: Path, how: str) -> DataFrame:
     if how == "semi pushed down":  # the semi join reads x alone: Spark joins x with z first
         return inner.join(f["z"], on, "left_semi")
     return inner.join(f["z"], on, "left_outer") if how == "left" else f["z"].join(inner, on, "right_outer")
+
+
+def hold_back_second_half(directory: Path, names: list[str]) -> Callable[[], None]:
+    """Moves the second half of each stream's files (by name: batch order) out of `directory`; returns what puts them back."""
+    held = []
+    for name in names:
+        files = sorted((directory / name).glob("*.parquet"))
+        for f in files[len(files) // 2:]:
+            target = directory / "held" / name / f.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            held.append((f.rename(target), f))
+
+    def put_back() -> None:
+        for target, f in held:
+            target.rename(f)
+    return put_back
 
 
 def umjoin_operator(query: StreamingQuery) -> dict:  # type: ignore[type-arg]
@@ -165,12 +182,7 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
     checkpoint: the file sink holds every row once, the NULL-padded ones too, as Spark's joins give them."""
     data = tmp_path / "data"
     random_streams(data, 5, minutes=40)
-    staged = tmp_path / "staged"
-    for name in "wxyz":
-        files = sorted((data / name).glob("*.parquet"))
-        (staged / name).mkdir(parents=True)
-        for f in files[len(files) // 2:]:
-            f.rename(staged / name / f.name)
+    put_back = hold_back_second_half(data, list("wxyz"))
 
     def start(trigger: dict[str, object]) -> StreamingQuery:
         return (outer_query(spark, data, "left").writeStream.format("parquet").option("path", str(tmp_path / "out"))
@@ -181,9 +193,7 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
         running.processAllAvailable()
         running.stop()
         padded_before_stop = umjoin_operator(running)["customMetrics"]["nullPaddedInput3"]
-        for name in "wxyz":
-            for f in sorted((staged / name).glob("*.parquet")):
-                f.rename(data / name / f.name)
+        put_back()
         restarted = start({"availableNow": True})
         restarted.awaitTermination()
         plan = executed_plan(restarted)
