@@ -55,10 +55,11 @@ final class InputState private (
 
   private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
   private val rowKeyValues = new GenericInternalRow(3)
+  private val partitionIndex = StoreIndex.single(spec.partitionClass)
 
   /** The stored rows whose values of `index`'s classes are the fields of `key`. */
   def lookup(index: StoreIndex, key: UnsafeRow): Iterator[InternalRow] =
-    if (index == StoreIndex.single(spec.partitionClass)) primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    if (index == partitionIndex) primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
     else {
       val store = indexes.getOrElse(index, throw new IllegalStateException(s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
       val sequence = index.classes.size

@@ -7,7 +7,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Not, Or, Predicate, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Not, Or, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
@@ -17,7 +17,7 @@ import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
 
 import org.apache.spark.sql.execution.umjoin.InMemoryStore
 import umjoin.spark.batch.UMJoinExec
-import umjoin.spark.core.JoinGraph
+import umjoin.spark.core.{GeneratedCode, JoinGraph}
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
 import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, Route, StoreIndex, StreamPadding}
 import umjoin.spark.core.store.JoinStore
@@ -175,7 +175,7 @@ private[streaming] final class StageTask(
   /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
   private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
     val isLate = job.lateRows(j).map(predicate(_, job.outputs(j)))
-    val keys = UnsafeProjection.create(job.joinKeys(j), job.outputs(j))
+    val keys = GeneratedCode.projection(job.joinKeys(j), job.outputs(j))
     read(j).filter { row =>
       val dropped = isLate.exists(_.eval(row))
       if (dropped) late.foreach(_ += 1)
@@ -442,11 +442,7 @@ private[streaming] final class StageTask(
 
   private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
 
-  private def predicate(e: Expression, attrs: Seq[Attribute]): BasePredicate = {
-    val p = Predicate.create(e, attrs)
-    p.initialize(partition)
-    p
-  }
+  private def predicate(e: Expression, attrs: Seq[Attribute]): BasePredicate = GeneratedCode.predicate(e, attrs, partition)
 }
 
 private[streaming] object StageTask {

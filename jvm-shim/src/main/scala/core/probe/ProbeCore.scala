@@ -2,9 +2,10 @@ package umjoin.spark.core.probe
 
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, Predicate, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, UnsafeProjection}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
+import umjoin.spark.core.GeneratedCode
 import umjoin.spark.core.cost.ProbeCounters
 import umjoin.spark.core.store.JoinStore
 
@@ -96,25 +97,22 @@ object CompiledRoute {
     val binds = plan.steps.map(_.input).zip(plan.steps.map(_.rule.binds)).toMap.withDefaultValue(true)
     // prefixes(p): the attributes of the rows bound once the route's first p + 1 inputs are (a filter binds none).
     val prefixes = order.indices.map(p => order.take(p + 1).filter(binds).flatMap(outputs))
-    def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate = conditions.reduceOption(And).map { c =>
-      val p = Predicate.create(c, attrs)
-      p.initialize(partition)
-      p
-    }.orNull
+    def predicate(conditions: Seq[Expression], attrs: Seq[Attribute]): BasePredicate =
+      conditions.reduceOption(And).map(GeneratedCode.predicate(_, attrs, partition)).orNull
     val steps = (from until until).map { s =>
       val step = plan.steps(s)
       val attrs = prefixes(s) ++ outputs(step.input)
-      new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), UnsafeProjection.create(keyed(step.probeKeys), prefixes(s)),
+      new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), GeneratedCode.projection(keyed(step.probeKeys), prefixes(s)),
         predicate(step.conditions, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
         new GenericInternalRow(outputs(step.input).size),
         if (step.rule == StepRule.Semi) unmatched.map(_(prefixes(s))).orNull else null,
         padding.filter(_ => step.rule == StepRule.Outer).map(_.check(step.input, step.index)).orNull,
-        padding.filter(_ => step.rule == StepRule.Outer).map(p => predicate(p.now(step.input).toSeq, prefixes(s))).orNull)
+        padding.filter(_ => step.rule == StepRule.Outer).flatMap(_.now(step.input)).map(GeneratedCode.interpreted(_, prefixes(s), partition)).orNull)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions ++ padding.flatMap(_.start), outputs(order.head)) else null
     val complete = until == plan.steps.size
     val output = if (complete) result else prefixes(until)
-    new CompiledRoute(steps, startCondition, UnsafeProjection.create(output, prefixes(until)),
+    new CompiledRoute(steps, startCondition, GeneratedCode.projection(output, prefixes(until)),
       if (complete) predicate(padding.flatMap(_.result).toSeq, prefixes(until)) else null)
   }
 }

@@ -46,11 +46,11 @@ object Route {
   final case class Plan(route: Route, startConditions: Seq[Expression], steps: Seq[Step]) {
     def start: Int = route.start
 
-    /** The steps cut where the combinations move to other partitions (one segment in batch). */
-    def segments: Seq[Segment] = {
+    /** The steps cut where the combinations move to other partitions (one segment in batch); a stream's tasks read them per row. */
+    lazy val segments: IndexedSeq[Segment] = {
       // A route whose first step leaves the partition starts with an empty segment: the row is shipped as it is.
       val bounds = 0 +: steps.indices.filter(t => steps(t).reach != Reach.Local) :+ steps.size
-      bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until, if (until < steps.size) Some(steps(until).reach) else None) }
+      bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until, if (until < steps.size) Some(steps(until).reach) else None) }.toIndexedSeq
     }
   }
 }

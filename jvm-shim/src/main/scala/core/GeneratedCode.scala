@@ -1,0 +1,61 @@
+package umjoin.spark.core
+
+import java.util.concurrent.{ConcurrentHashMap, ConcurrentLinkedQueue}
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, Expression, Predicate, UnsafeProjection}
+
+/**
+ * The predicates and projections a UMJoin's tasks generate, kept per executor and handed to the
+ * next task that asks for the same expressions over the same input: a task takes an instance no
+ * running task holds and gives it back when it ends.
+ *
+ * Why: Spark caches compiled classes by their code, 100 of them (spark.sql.codegen.cache.maxEntries,
+ * fixed when the JVM starts). A multi-way join compiles a condition and a key projection per
+ * step of every route, hundreds for a 10-way join, so the cache turns over within every task and
+ * each task compiled them all again (half the task time of a 10-way streaming chain).
+ * Deterministic expressions only: a nondeterministic one keeps per-partition state.
+ */
+object GeneratedCode {
+  // Bound to their input's ordinals: the same condition planned again in a later micro-batch (new expression ids) finds its code.
+  private final case class Key(kind: String, bound: Seq[Expression])
+
+  private val free = new ConcurrentHashMap[Key, ConcurrentLinkedQueue[AnyRef]]()
+  // Expressions holding a micro-batch's watermark change every batch: the pool forgets everything now and then.
+  private val MaxKeys = 4096
+
+  /** `condition` over `input`, initialized for `partition`. */
+  def predicate(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
+    val bound = BindReferences.bindReference(condition, input)
+    val p = reused(Key("predicate", Seq(bound)), condition.deterministic, () => Predicate.create(bound))
+    p.initialize(partition)
+    p
+  }
+
+  /**
+   * `condition` over `input`, evaluated without generated code: for a condition that holds a
+   * micro-batch's watermark, one per step of every route (an outer step's padding), which would be
+   * new code to compile in every batch and is evaluated only for the combinations none matches.
+   */
+  def interpreted(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
+    val p = Predicate.createInterpreted(BindReferences.bindReference(condition, input))
+    p.initialize(partition)
+    p
+  }
+
+  /** `expressions` over `input`, as an UnsafeProjection. */
+  def projection(expressions: Seq[Expression], input: Seq[Attribute]): UnsafeProjection = {
+    val bound = BindReferences.bindReferences(expressions, input)
+    reused(Key("projection", bound), expressions.forall(_.deterministic), () => UnsafeProjection.create(bound))
+  }
+
+  private def reused[T <: AnyRef](key: Key, shareable: Boolean, create: () => T): T = {
+    val context = TaskContext.get()
+    if (!shareable || context == null) return create()
+    if (free.size > MaxKeys) free.clear()
+    val queue = free.computeIfAbsent(key, _ => new ConcurrentLinkedQueue[AnyRef]())
+    val instance = Option(queue.poll()).getOrElse(create()).asInstanceOf[T]
+    context.addTaskCompletionListener[Unit](_ => queue.offer(instance))
+    instance
+  }
+}
