@@ -289,9 +289,10 @@ def test_random_event_time_joins_give_sparks_rows_micro_batch_by_micro_batch(
     state_report.append(f"{event_time_seed}\t{len(case.streams)}\t{' '.join(case.shape)}\t{outcome}\t{ad_attribution.state_rows(umjoin)}\t{ad_attribution.state_rows(spark_joins)}\n")
 
 
-def test_the_generator_covers_what_the_suite_promises(spark: SparkSession, tmp_path: Path) -> None:
+def test_the_generator_covers_what_the_suite_promises(spark: SparkSession, tmp_path: Path, pytestconfig: pytest.Config) -> None:
+    """Over the cases this run compares (``--event-time-seeds``)."""
     shapes: Counter[str] = Counter()
-    cases = [random_case(seed) for seed in range(50)]
+    cases = [random_case(seed) for seed in range(int(pytestconfig.getoption("--event-time-seeds")))]
     for case in cases:
         for name, batches in case.batches.items():
             write_batches(tmp_path / str(case.seed) / name, columns(name), batches[:1])
