@@ -89,14 +89,22 @@ object StreamingWatermarks {
       streams: Seq[Int],
       checked: Set[Int]): Option[Expression] = evictionWatermarkMs.flatMap { watermark =>
     val others = streams.filter(_ != i)
-    val bounds = others.map { m =>
-      if (!checked.contains(m)) None
-      else keyBound(i, m, inputOutputs, classes, watermark).orElse(distance(i)(m).flatMap { d =>
-        WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
-      })
-    }
+    val bounds = others.map(m => laterRowsRuledOut(i, m, inputOutputs, classes, distance, watermark, checked))
     if (others.nonEmpty && bounds.forall(_.isDefined)) Some(bounds.flatten.reduce(And)) else None
   }
+
+  /**
+   * Stored rows of input `i` that no later row of stream `m` can join with (its later rows pass
+   * the watermark W): i's key in a class with m's event-time column at or below W, or i's event
+   * time at or below W - d(i, m). None without such a bound, or when no late filter checks m's
+   * event time (`checked`).
+   */
+  def laterRowsRuledOut(i: Int, m: Int, inputOutputs: Seq[Seq[Attribute]], classes: Seq[KeyClass], distance: TimeDistances,
+      watermark: Long, checked: Set[Int]): Option[Expression] =
+    if (!checked.contains(m)) None
+    else keyBound(i, m, inputOutputs, classes, watermark).orElse(distance(i)(m).flatMap { d =>
+      WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
+    })
 
   /**
    * Combinations of the `preserved` inputs that no later row of the outer join's non-preserved input
@@ -113,13 +121,8 @@ object StreamingWatermarks {
       classes: Seq[KeyClass],
       distance: TimeDistances,
       evictionWatermarkMs: Long,
-      checked: Set[Int]): Option[Expression] = if (!checked.contains(outer)) None else {
-    preserved.flatMap { p =>
-      keyBound(p, outer, inputOutputs, classes, evictionWatermarkMs).orElse(distance(p)(outer).flatMap { d =>
-        WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(p)), Some(evictionWatermarkMs - d))
-      })
-    }.reduceOption(Or)
-  }
+      checked: Set[Int]): Option[Expression] =
+    preserved.flatMap(p => laterRowsRuledOut(p, outer, inputOutputs, classes, distance, evictionWatermarkMs, checked)).reduceOption(Or)
 
   /**
    * Stored rows of input `i` that no combination still waiting to be padded by an outer join can
