@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from umjoin.local import temporary_conf
 from umjoin import plans
 
-SEEDS = range(24)
+SEEDS = range(20)
 MAX_RESULT_ROWS = 20_000
 KEY_TYPES = {"int": "INTEGER", "bigint": "BIGINT", "string": "VARCHAR", "decimal": "DECIMAL(10,2)", "double": "DOUBLE"}
 NO_BROADCAST = {"spark.sql.autoBroadcastJoinThreshold": "-1"}  # stores built by the tasks, with the backend
