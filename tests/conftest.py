@@ -21,10 +21,11 @@ UMJOIN_TPCH_QUERIES = tuple(int(q[1:]) for q, groups in json.loads(GOLDEN.read_t
 
 
 def session_builder() -> SparkSession.Builder:
-    """The test session: local[2], 4 shuffle partitions, no UI; UMJoin and the testkit jar configured."""
+    """The test session: local[2], 4 shuffle partitions, no UI, 3g of driver memory (the whole suite runs in
+    it: a TPC-DS query's broadcast once failed in 2g late in the run); UMJoin and the testkit jar configured."""
     from bench import with_testkit  # (imported here: scripts that import this module run without the clone on their path)
 
-    return with_testkit(local_builder("umjoin-tests"))
+    return with_testkit(local_builder("umjoin-tests", driver_memory="3g"))
 
 
 @pytest.fixture(scope="session")

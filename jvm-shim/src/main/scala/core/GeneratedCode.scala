@@ -21,8 +21,9 @@ object GeneratedCode {
   private final case class Key(kind: String, bound: Seq[Expression])
 
   private val free = new ConcurrentHashMap[Key, ConcurrentLinkedQueue[AnyRef]]()
-  // Expressions holding a micro-batch's watermark change every batch: the pool forgets everything now and then.
-  private val MaxKeys = 4096
+  // Expressions holding a micro-batch's watermark change every batch: the pool forgets everything now and then, so
+  // that it pins few generated classes (a 10-way chain's routes need about 500 keys).
+  private val MaxKeys = 1024
 
   /** `condition` over `input`, initialized for `partition`. */
   def predicate(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
