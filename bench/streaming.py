@@ -126,8 +126,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     heap_pools = [p for p in management.getMemoryPoolMXBeans() if p.getType().toString() == "Heap memory"]
     peak_heap = sum(p.getPeakUsage().getUsed() for p in heap_pools)
     heap_committed = management.getMemoryMXBean().getHeapMemoryUsage().getCommitted()
-    # Stopped here, not by the JVM's exit: twice in eight runs a JVM left to exit on its own with
-    # RocksDB state stores open hung in its exit and never ended.
+    # Stopped here, not by the JVM's exit. (JVMs with RocksDB stores open used to hang in their exit,
+    # a compaction's log call blocked by the exiting JVM; StoresClosedAtExit in the shim now closes them first.)
     spark.stop()
     return {"seconds": seconds, "error": error, "batches": batches, "peak_rss_bytes": rss, "peak_heap_bytes": peak_heap,
             "heap_committed_bytes": heap_committed,

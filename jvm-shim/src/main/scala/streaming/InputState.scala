@@ -10,6 +10,7 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, Bou
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
@@ -123,6 +124,7 @@ object InputState {
   /** The committed state of the previous micro-batch, read-only; released when the task ends. */
   def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputState = {
+    StoresClosedAtExit.ensure()
     def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): ReadStateStore = {
       val store = StateStore.getReadOnly(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
@@ -140,6 +142,7 @@ object InputState {
   /** The state to write this micro-batch's version of; aborted when the task ends without committing. */
   def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputStateWriter = {
+    StoresClosedAtExit.ensure()
     def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): StateStore = {
       val store = StateStore.get(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
