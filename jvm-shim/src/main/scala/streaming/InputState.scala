@@ -6,7 +6,7 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, Expression, GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
@@ -14,6 +14,7 @@ import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
+import umjoin.spark.core.GeneratedCode
 import umjoin.spark.core.probe.StoreIndex
 import umjoin.spark.core.store.JoinStore
 
@@ -166,38 +167,38 @@ object InputState {
 
 /** Writes one micro-batch's changes to a stream input's stores in one partition, then commits them. */
 final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
-  private val partitionKeyOf = UnsafeProjection.create(Seq(spec.partitionKey), spec.output)
-  private val toStored = UnsafeProjection.create(spec.output, spec.output)
-  private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
-  // An index's key for a row and its sequence number: the row joined with a one-field row holding the number.
-  private val indexKeyOf = spec.indexes.map { case (index, keys) =>
-    index -> UnsafeProjection.create(keys.map(BindReferences.bindReference(_, spec.output)) :+ BoundReference(spec.output.size, LongType, nullable = false))
-  }
-  private val indexValue = UnsafeProjection.create(spec.indexValueSchema.map(_.dataType).toArray)
-  private val values3 = new GenericInternalRow(3)
-  private val values2 = new GenericInternalRow(2)
-  private val sequenceField = new GenericInternalRow(1)
-  private val rowAndSequence = new JoinedRow
+  // A row's keys are read from the row joined with two numbers: its sequence number and when it was stored.
+  // (Their code comes from the executor's pool: compiled per task, it turned Spark's code cache over in a 10-way join.)
+  private val numbers = new SpecificInternalRow(Seq(LongType, LongType))
+  private val rowAndNumbers = new JoinedRow
+  private val sequenceAttribute = AttributeReference("sequence", LongType, nullable = false)()
+  private val storedAtAttribute = AttributeReference("storedAtMs", LongType, nullable = false)()
+  private val numbered = spec.output :+ sequenceAttribute :+ storedAtAttribute
+  private val rowKey = GeneratedCode.projection(Seq(spec.partitionKey, sequenceAttribute, storedAtAttribute), numbered)
+  private val indexValue = GeneratedCode.projection(Seq(spec.partitionKey, storedAtAttribute), numbered)
+  private val indexKeyOf = spec.indexes.map { case (index, keys) => index -> GeneratedCode.projection(keys :+ sequenceAttribute, numbered) }
+  // Rows arrive as UnsafeRows of the input's layout, stored as they are; any other row is converted.
+  private val toStored = GeneratedCode.projection(spec.output, spec.output)
   // Unique within the partition: the batch in the high bits, the row's place in it in the low ones.
   private var sequence = version << 32
 
-  private def indexKey(key: UnsafeProjection, row: InternalRow, sequence: Long): UnsafeRow = {
-    sequenceField.setLong(0, sequence)
-    key(rowAndSequence(row, sequenceField))
+  private def withNumbers(row: InternalRow, sequence: Long, storedAtMs: Long): InternalRow = {
+    numbers.setLong(0, sequence)
+    numbers.setLong(1, storedAtMs)
+    rowAndNumbers(row, numbers)
   }
 
   /** Stores a row that arrived (its keys have no NULL), as of `nowMs`. */
   def put(row: InternalRow, nowMs: Long): Unit = {
-    val partitionKey = partitionKeyOf(row).get(0, spec.partitionKey.dataType)
-    values3.update(0, partitionKey)
-    values3.update(1, sequence)
-    values3.update(2, nowMs)
-    primary.put(rowKey(values3), toStored(row))
+    val withBoth = withNumbers(row, sequence, nowMs)
+    val stored = row match {
+      case u: UnsafeRow if u.numFields == spec.output.size => u
+      case other => toStored(other)
+    }
+    primary.put(rowKey(withBoth), stored)
     if (indexKeyOf.nonEmpty) {
-      values2.update(0, partitionKey)
-      values2.update(1, nowMs)
-      val value = indexValue(values2)
-      indexKeyOf.foreach { case (index, key) => indexes(index).put(indexKey(key, row, sequence), value) }
+      val value = indexValue(withBoth)
+      indexKeyOf.foreach { case (index, key) => indexes(index).put(key(withBoth), value) }
     }
     sequence += 1
   }
@@ -208,7 +209,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     primary.iterator().foreach(pair => if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
     doomed.foreach { case (key, row) =>
       primary.remove(key)
-      indexKeyOf.foreach { case (index, indexKeyOfRow) => indexes(index).remove(indexKey(indexKeyOfRow, row, key.getLong(1))) }
+      indexKeyOf.foreach { case (index, indexKeyOfRow) => indexes(index).remove(indexKeyOfRow(withNumbers(row, key.getLong(1), 0L))) }
     }
     doomed.size.toLong
   }
