@@ -172,6 +172,38 @@ def test_failed_and_retried_task_leaves_no_store(tmp_path: Path) -> None:
 
 
 
+def test_a_jvm_closes_its_streaming_stores_before_it_exits(tpch_data: Path, tmp_path: Path) -> None:
+    """A JVM that ran a streaming UMJoin with RocksDB state closes its state stores when it exits, before
+    the JVM's own exit (a compaction still running then deadlocked the exit: StoresClosedAtExit). Spark's
+    StateStore logs "StateStore stopped" when it has closed them; the JVM writes its log until it ends."""
+    script = textwrap.dedent(
+        f"""
+        import json
+        from pathlib import Path
+        from umjoin import streams, tpch
+        from umjoin.local import local_builder
+        spark = (local_builder("umjoin-exit").config("spark.sql.streaming.stateStore.providerClass",
+                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        jvm = spark._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming.state.StateStore", jvm.org.apache.logging.log4j.Level.INFO)
+        streams.read_streams(spark, streams.tpch_streams({TPCH_SF}, 3), tpch.TABLES, Path({str(tpch_data)!r}))
+        query = (spark.sql(streams.join_block(3)).writeStream.format("noop")
+                 .option("checkpointLocation", {str(tmp_path / "checkpoint")!r}).trigger(availableNow=True).start())
+        query.awaitTermination()
+        plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
+        spark.stop()
+        print(json.dumps({{"umjoin": "StreamingUMJoin " in plan}}))
+        """
+    )
+    # The JVM outlives the Python process; reading its error stream to the end waits for the JVM too.
+    outcome = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert json.loads(outcome.stdout.strip().splitlines()[-1]) == {"umjoin": True}
+    assert "StateStore stopped" in outcome.stderr, outcome.stderr[-3000:]
+
+
 def test_unwritable_local_dir_names_the_knob(spark: SparkSession, star: None, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
