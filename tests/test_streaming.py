@@ -28,13 +28,20 @@ ROCKSDB = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql
 
 def write_batches(directory: Path, columns: str, batches: list[list[tuple]]) -> None:  # type: ignore[type-arg]
     """One Parquet file per micro-batch (possibly empty), in batch order by modification time."""
-    directory.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    existing = len(list(directory.glob("*.parquet")))
-    for b, rows in enumerate(batches, start=existing):
+    def fill(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:  # type: ignore[type-arg]
         con.execute(f"CREATE OR REPLACE TABLE t ({columns})")
         if rows:
             con.executemany(f"INSERT INTO t VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    write_files(directory, [lambda con, rows=rows: fill(con, rows) for rows in batches])  # type: ignore[misc]
+
+
+def write_files(directory: Path, fills: list[Any]) -> None:
+    """One Parquet file per micro-batch of table t, which each of `fills` fills in DuckDB, in batch order by modification time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    existing = len(list(directory.glob("*.parquet")))
+    for b, fill in enumerate(fills, start=existing):
+        fill(con)
         # Written under a hidden name and renamed once complete and dated: a running query's file source
         # must never list it half-written, or with today's date (its 7-day file age would then skip every
         # later file, dated as batch order).
@@ -347,6 +354,40 @@ def test_small_stored_inputs_are_probed_in_memory_with_the_same_answer(spark: Sp
     assert all(0 < b < 100_000 for b in index_bytes[:4]), index_bytes
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         assert rows == sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"})) and len(rows) > 0
+
+
+def test_rows_indexed_in_memory_take_memory_by_their_bytes_not_by_spark_pages(spark: SparkSession, tmp_path: Path) -> None:
+    """A partition's rows indexed in memory for a micro-batch, over 1 MB, are held in pages of 1 MB: a task holds
+    about their bytes, not a page of Spark's (64 MB here) per index. The static table t, read every micro-batch,
+    is probed on t_a by s's route and on t_b by r's, so it is indexed twice in a task, the second index reading
+    the first; the answer is Spark's."""
+    for name, key in (("s", "a"), ("r", "b")):
+        write_files(tmp_path / name, [
+            lambda con, b=b, name=name, key=key: con.execute(
+                f"CREATE OR REPLACE TABLE t AS SELECT (hash(i, {b}, '{name}') % 3000)::BIGINT AS {name}_{key}, "
+                f"(hash(i, {b}, '{name}k') % 300)::BIGINT AS {name}_k FROM range(3000) AS r(i)")
+            for b in range(2)])
+    (tmp_path / "t").mkdir()
+    duckdb.sql(f"COPY (SELECT (hash(i, 'a') % 3000)::BIGINT AS t_a, (hash(i, 'b') % 3000)::BIGINT AS t_b, repeat('p', 80) AS t_pad "
+               f"FROM range(40000) AS r(i)) TO '{tmp_path / 't' / 't.parquet'}' (FORMAT parquet)")
+
+    def join(s: DataFrame, r: DataFrame, t: DataFrame) -> DataFrame:
+        return (s.join(r, F.col("s_k") == F.col("r_k"))
+                .join(t, (F.col("s_a") == F.col("t_a")) & (F.col("r_b") == F.col("t_b")))
+                .select("s_a", "r_b", "s_k", F.length("t_pad").alias("padding")))
+
+    t = spark.read.parquet(str(tmp_path / "t"))
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", "spark.sql.autoBroadcastJoinThreshold": "-1",
+                                "spark.umjoin.staticTables": "reread", "spark.umjoin.probeOrder": "dpPick"}):
+        streams = [stream(spark, tmp_path / n, f"{n}_{k} BIGINT, {n}_k BIGINT") for n, k in (("s", "a"), ("r", "b"))]
+        rows, query = run_to_end(join(*streams, t), "paged_indexes", tmp_path / "ck")
+    index_bytes = [op["customMetrics"]["memoryIndexBytes"] for p in query.recentProgress for op in p["stateOperators"]
+                   if op["operatorName"] == "umJoin"]
+    # Per batch: t's 40,000 rows of 112 bytes in each of its two indexes (4.5 MB each), and the streams' new rows.
+    assert len(index_bytes) == 2 and all(8 * 2**20 < b < 64 * 2**20 for b in index_bytes), index_bytes
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        expected = sorted_rows(join(*(spark.read.parquet(str(tmp_path / n)) for n in "sr"), t))
+    assert rows == expected and len(expected) > 100
 
 
 def test_a_checkpoint_laid_out_for_another_join_is_refused(spark: SparkSession, tmp_path: Path) -> None:

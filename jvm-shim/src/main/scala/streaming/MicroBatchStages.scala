@@ -15,7 +15,7 @@ import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsRe
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
 
-import org.apache.spark.sql.execution.umjoin.InMemoryStore
+import org.apache.spark.sql.execution.umjoin.PagedStore
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.{GeneratedCode, JoinGraph}
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
@@ -186,7 +186,7 @@ private[streaming] final class StageTask(
   /** `rows` of input j indexed in memory by each of `indexes`, as the probe loop looks them up. */
   private def indexInMemory(j: Int, rows: Iterator[InternalRow], indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
     val keys = indexes.map(_.classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
-    val stores = InMemoryStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
+    val stores = PagedStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
     metrics.memoryIndexBytes += stores.map(_.sizeInBytes).sum
     indexes.zip(stores).zip(keys).map { case ((index, store), key) => index -> StageTask.keyedAsBuilt(store, key) }.toMap
   }

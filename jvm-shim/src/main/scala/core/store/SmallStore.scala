@@ -5,7 +5,7 @@ import java.util.{HashMap => JHashMap}
 import scala.collection.mutable.ArrayBuffer
 
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Expression, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeProjection, UnsafeRow}
 
 /**
  * A partition's rows that fit in `SmallStore.MaxBytes`, in a JVM hash map. Spark's hash maps take a
@@ -34,6 +34,32 @@ object SmallStore {
 
   /** What a key's entry in a JVM hash map costs beyond the key's and rows' bytes: the map's node, the key object, the rows' buffer. */
   val EntryOverhead = 96L
+
+  /**
+   * Small stores of `rows` if their bytes fit in `MaxBytes`, else `larger`'s stores of them all
+   * (`indexKeys` bound to `inputOutput`; rows are handed over as UnsafeRows, converted where they are not).
+   */
+  def buildOr(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute])(
+      larger: Iterator[UnsafeRow] => Seq[JoinStore]): Seq[JoinStore] = {
+    // Spark's maps copy UnsafeRow bytes; most operators already produce UnsafeRows.
+    lazy val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
+    val unsafeRows = rows.map {
+      case u: UnsafeRow => u
+      case other => toUnsafe(other)
+    }
+    val first = ArrayBuffer[UnsafeRow]()
+    var firstBytes = 0L
+    while (firstBytes <= MaxBytes && unsafeRows.hasNext) {
+      val row = unsafeRows.next().copy()
+      first += row
+      firstBytes += row.getSizeInBytes
+    }
+    if (firstBytes <= MaxBytes) build(first.toSeq, indexKeys)
+    else {
+      val all = first.iterator ++ unsafeRows
+      try larger(all) finally first.clear()
+    }
+  }
 
   /** One store per index (`indexKeys`, bound to the rows); rows (copies, owned by the caller) whose key has a NULL are left out. */
   def build(rows: Seq[UnsafeRow], indexKeys: Seq[Seq[Expression]]): Seq[SmallStore] = indexKeys.map { keys =>

@@ -1,14 +1,12 @@
 // Spark's HashedRelation and a task's memory manager are private to Spark, so the in-memory stores
-// that use them (this one and SpillingStore) live in a package below org.apache.spark.sql.execution.
+// that use them (this one, PagedStore and SpillingStore) live in a package below org.apache.spark.sql.execution.
 // Nothing else of the shim does.
 package org.apache.spark.sql.execution.umjoin
-
-import scala.collection.mutable.ArrayBuffer
 
 import org.apache.spark.TaskContext
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeRow}
 import org.apache.spark.sql.execution.{ExternalAppendOnlyUnsafeRowArray, SparkPlan}
 import org.apache.spark.sql.execution.joins.HashedRelation
 
@@ -34,41 +32,26 @@ final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Bool
 object InMemoryStore {
 
   /**
-   * The stores of one task's partition of an input, one per index (`indexKeys`, bound to the input's
-   * output). Rows that fit in a small store's bytes stay in JVM maps; more go to Spark's hash maps in
-   * memory granted by the task's memory manager, freed when the task ends. With several indexes
-   * those rows are read once into Spark's spillable row buffer and indexed from there.
+   * The stores of a batch task's partition of an input, one per index (`indexKeys`, bound to the
+   * input's output). Rows that fit in a small store's bytes stay in JVM maps; more go to Spark's hash
+   * maps, as Spark's own hash joins hold a partition, in memory granted by the task's memory manager,
+   * freed when the task ends. With several indexes those rows are read once into Spark's spillable
+   * row buffer and indexed from there. (A streaming task's micro-batch rows: [[PagedStore]].)
    */
-  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] = {
-    // The hash map copies UnsafeRow bytes; most operators already produce UnsafeRows.
-    lazy val toUnsafe = UnsafeProjection.create(inputOutput, inputOutput)
-    val unsafeRows = rows.map {
-      case u: UnsafeRow => u
-      case other => toUnsafe(other)
+  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] =
+    SmallStore.buildOr(rows, indexKeys, inputOutput) { all =>
+      val stores = indexKeys match {
+        case Seq(keys) => Seq(new InMemoryStore(HashedRelation(all, keys, 64, context.taskMemoryManager()), owned = true))
+        case _ =>
+          val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
+          all.foreach(buffer.add)
+          val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
+          buffer.clear()
+          built
+      }
+      stores.foreach(store => context.addTaskCompletionListener[Unit](_ => store.close()))
+      stores
     }
-    val first = ArrayBuffer[UnsafeRow]()
-    var firstBytes = 0L
-    while (firstBytes <= SmallStore.MaxBytes && unsafeRows.hasNext) {
-      val row = unsafeRows.next().copy()
-      first += row
-      firstBytes += row.getSizeInBytes
-    }
-    if (firstBytes <= SmallStore.MaxBytes) return SmallStore.build(first.toSeq, indexKeys)
-
-    val all = first.iterator ++ unsafeRows
-    val stores = indexKeys match {
-      case Seq(keys) => Seq(new InMemoryStore(HashedRelation(all, keys, 64, context.taskMemoryManager()), owned = true))
-      case _ =>
-        val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
-        all.foreach(buffer.add)
-        first.clear()
-        val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
-        buffer.clear()
-        built
-    }
-    stores.foreach(store => context.addTaskCompletionListener[Unit](_ => store.close()))
-    stores
-  }
 }
 
 /** A broadcast input's hash table (its plan's broadcast mode is HashedRelationBroadcastMode), as a UMJoin's tasks use it. */

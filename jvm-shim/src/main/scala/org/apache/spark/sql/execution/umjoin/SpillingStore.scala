@@ -15,9 +15,9 @@ import umjoin.spark.core.store.{AppendableStore, RocksDBStore}
  * follows. Nothing is lost and the task does not fail for lack of memory.
  */
 final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long, newDiskStore: () => RocksDBStore) extends AppendableStore {
-  // Pages of at most 1 MB: Spark's page size (up to 64 MB) would make every store, even of a
-  // 25-row table, hold 64 MB of the task's memory. A larger row gets a page of its own size.
-  private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, math.min(1L << 20, context.taskMemoryManager().pageSizeBytes()))
+  // Pages of at most 1 MB (PagedStore's): Spark's page size (up to 64 MB) would make every store, even
+  // of a 25-row table, hold 64 MB of the task's memory. A larger row gets a page of its own size.
+  private var map = new BytesToBytesMap(context.taskMemoryManager(), 64, math.min(PagedStore.PageBytes, context.taskMemoryManager().pageSizeBytes()))
   private var disk: RocksDBStore = _
   private var rows = 0L
   private var repeatedKey = false
@@ -55,30 +55,12 @@ final class SpillingStore(context: TaskContext, numFields: Int, maxMemory: Long,
 
   override def get(key: UnsafeRow): Iterator[InternalRow] =
     if (disk != null) disk.get(key)
-    else {
-      val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-      new Iterator[InternalRow] {
-        private var more = location.isDefined
-        override def hasNext: Boolean = more
-        override def next(): InternalRow = {
-          row.pointTo(location.getValueBase, location.getValueOffset, location.getValueLength)
-          more = location.nextValue()
-          row
-        }
-      }
-    }
+    else PagedStore.rowsAt(map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes), row)
 
   // A batch task reads this once its stores are built; a store that moved to RocksDB takes the iterator path.
   override def keysAreUnique: Boolean = disk == null && !repeatedKey
 
-  override def getOne(key: UnsafeRow): InternalRow = {
-    val location = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-    if (!location.isDefined) null
-    else {
-      row.pointTo(location.getValueBase, location.getValueOffset, location.getValueLength)
-      row
-    }
-  }
+  override def getOne(key: UnsafeRow): InternalRow = PagedStore.rowAt(map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes), row)
 
   override def isEmpty: Boolean = rows == 0
   override def keyCount: Long = rows
