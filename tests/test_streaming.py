@@ -359,8 +359,8 @@ def test_small_stored_inputs_are_probed_in_memory_with_the_same_answer(spark: Sp
 def test_rows_indexed_in_memory_take_memory_by_their_bytes_not_by_spark_pages(spark: SparkSession, tmp_path: Path) -> None:
     """A partition's rows indexed in memory for a micro-batch, over 1 MB, are held in pages of 1 MB: a task holds
     about their bytes, not a page of Spark's (64 MB here) per index. The static table t, read every micro-batch,
-    is probed on t_a by s's route and on t_b by r's, so it is indexed twice in a task, the second index reading
-    the first; the answer is Spark's."""
+    is probed on t_a by s's route and on t_b by r's: in the second micro-batch it is indexed on both in a task,
+    the second index reading the first. The answer is Spark's."""
     for name, key in (("s", "a"), ("r", "b")):
         write_files(tmp_path / name, [
             lambda con, b=b, name=name, key=key: con.execute(
@@ -383,7 +383,8 @@ def test_rows_indexed_in_memory_take_memory_by_their_bytes_not_by_spark_pages(sp
         rows, query = run_to_end(join(*streams, t), "paged_indexes", tmp_path / "ck")
     index_bytes = [op["customMetrics"]["memoryIndexBytes"] for p in query.recentProgress for op in p["stateOperators"]
                    if op["operatorName"] == "umJoin"]
-    # Per batch: t's 40,000 rows of 112 bytes in each of its two indexes (4.5 MB each), and the streams' new rows.
+    # Per batch: t's 40,000 rows of 112 bytes (4.5 MB) in each index built (one in the first batch, two in the
+    # second), and the streams' new rows.
     assert len(index_bytes) == 2 and all(8 * 2**20 < b < 64 * 2**20 for b in index_bytes), index_bytes
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = sorted_rows(join(*(spark.read.parquet(str(tmp_path / n)) for n in "sr"), t))
