@@ -23,7 +23,7 @@ from test_semi_anti import CONFIGS, load, register_tables
 from umjoin import plans
 from umjoin.local import temporary_conf
 
-SEEDS = range(20)
+SEEDS = range(14)
 # CONFIGS: the semi/anti suite's, the random join suite's settings with an interpreted loop and an
 # adaptive order, which reorders inner joins only: a group with an outer join keeps it as Spark plans it.
 

@@ -20,7 +20,7 @@ from test_random_joins import CONFIGS as RANDOM_JOIN_CONFIGS
 from umjoin import plans
 from umjoin.local import temporary_conf
 
-SEEDS = range(16)
+SEEDS = range(12)
 # The random join suite's settings: broadcast or not, AQE, generated or interpreted loop, RocksDB ...
 CONFIGS = {name: RANDOM_JOIN_CONFIGS[name] for name in
            ("aqe-off", "aqe-on", "aqe-off-no-broadcast", "aqe-on-no-broadcast", "interpreted-no-broadcast", "rocksdb")}
