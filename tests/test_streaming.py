@@ -24,6 +24,8 @@ from umjoin import plans
 from umjoin.local import temporary_conf
 
 ROCKSDB = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}
+CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+WRITE_BUFFER = "spark.sql.streaming.stateStore.rocksdb.writeBufferSizeMB"
 
 
 def write_batches(directory: Path, columns: str, batches: list[list[tuple]]) -> None:  # type: ignore[type-arg]
@@ -389,6 +391,23 @@ def test_rows_indexed_in_memory_take_memory_by_their_bytes_not_by_spark_pages(sp
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = sorted_rows(join(*(spark.read.parquet(str(tmp_path / n)) for n in "sr"), t))
     assert rows == expected and len(expected) > 100
+
+
+def test_umjoin_stores_default_to_changelog_commits_and_small_memtables_unless_the_session_sets_them(spark: SparkSession) -> None:
+    """A changelog commit leaves a RocksDB store's memtable unflushed, so UMJoin's stores take 16 MB
+    memtables (RocksDB's default is 64 MB, two per store). The conf UMJoin opens its stores with, as
+    Spark's RocksDB provider reads it."""
+    def store_confs() -> list[dict[str, str | None]]:
+        """The two keys, as the rows' store and the index stores are opened with them."""
+        session_conf = spark._jsparkSession.sessionState().conf()  # type: ignore[union-attr]
+        opened = spark.sparkContext._jvm.umjoin.spark.streaming.InputStateConf.apply(session_conf)  # type: ignore[union-attr]
+        return [{key: (value.get() if value.isDefined() else None) for key in (CHANGELOG, WRITE_BUFFER) for value in [store.sqlConfs().get(key)]}
+                for store in (opened.rows(), opened.indexes())]
+
+    assert store_confs() == [{CHANGELOG: "true", WRITE_BUFFER: "16"}] * 2
+    assert spark.conf.get(WRITE_BUFFER, None) is None  # (the session itself is left as it was)
+    with temporary_conf(spark, {CHANGELOG: "false", WRITE_BUFFER: "48"}):
+        assert store_confs() == [{CHANGELOG: "false", WRITE_BUFFER: "48"}] * 2
 
 
 def test_a_checkpoint_laid_out_for_another_join_is_refused(spark: SparkSession, tmp_path: Path) -> None:
