@@ -86,20 +86,21 @@ object UMJoinConf {
       "(default: the rules built into the jar)",
     parse = value => Some(value))
   val StateBackendSetting: Setting[StateBackend] = Setting.choice("spark.umjoin.stateBackend", "auto", StateBackend.byName,
-    "where the stores a UMJoin task builds live: `memory` (Spark's memory-managed hash map; a store that does not " +
+    "batch: where the stores a UMJoin task builds live: `memory` (Spark's memory-managed hash map; a store that does not " +
       "fit fails the task, as Spark's hash joins do), `rocksdb` (an LSM-tree on local disk), `auto` (in memory, " +
       "moved to RocksDB when Spark's memory manager refuses more)")
   val MaxStoreMemory: Setting[Long] = Setting.size("spark.umjoin.auto.maxStoreMemory", None, min = 0,
-    "with `auto`, a store also moves to RocksDB once its in-memory size passes this (e.g. `64m`), leaving memory " +
+    "batch, with `auto`: a store also moves to RocksDB once its in-memory size passes this (e.g. `64m`), leaving memory " +
       "to the operators above (default: only when Spark's memory manager refuses memory)")
   val WriteBufferSize: Setting[Long] = Setting.size("spark.umjoin.rocksdb.writeBufferSize", Some("8m"), min = 64L * 1024,
-    "one memtable (skip list) per store; a store has at most two, the active one and one being flushed to disk")
+    "batch: one memtable (skip list) per store; a store has at most two, the active one and one being flushed to disk " +
+      "(a streaming UMJoin's state stores read Spark's `spark.sql.streaming.stateStore.rocksdb.*` settings)")
   val BlockCacheSize: Setting[Long] = Setting.size("spark.umjoin.rocksdb.blockCacheSize", Some("8m"), min = 0,
-    "per store, the LRU cache of SST blocks read from disk (`0`: none)")
+    "batch: per store, the LRU cache of SST blocks read from disk (`0`: none)")
   val BloomFilterBitsPerKey: Setting[Int] = Setting.int("spark.umjoin.rocksdb.bloomFilterBitsPerKey", default = 10, min = 0,
-    "bloom filter bits per key in SST files (`0`: no filter)")
+    "batch: bloom filter bits per key in SST files (`0`: no filter)")
   val LocalDir: Setting[String] = Setting("spark.umjoin.rocksdb.localDir", None, "a directory UMJoin can create or write to",
-    "stores are created under `<dir>/umjoin-stores/` and deleted when their task ends, fails or is killed " +
+    "batch: stores are created under `<dir>/umjoin-stores/` and deleted when their task ends, fails or is killed " +
       "(default: Spark's first local directory)",
     parse = writableDirectory)
   val ProbeOrderSetting: Setting[ProbeOrderPolicy] = Setting.choice("spark.umjoin.probeOrder", "fixed", ProbeOrderPolicy.byName,
