@@ -48,12 +48,13 @@ def random_streams(directory: Path, names: list[str], rng: random.Random, minute
         write_batches(directory / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
 
 
-def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool) -> DataFrame:
+def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int] = frozenset()) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
     or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k" or "j")
     and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and the value of the inner side
     joined before it, or y's). Each zi_ts loses its watermark after its join: Spark's joins above
-    take one event-time column per side."""
+    take one event-time column per side. Side i in `trees` is a join tree: zi joined inner with a stream ui
+    on zi_j and ui_ts within 5 minutes of zi_ts, before its join with x."""
     def watermarked(name: str) -> DataFrame:
         return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
 
@@ -65,6 +66,8 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
         df = df.join(watermarked("y"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
     for i, (how, key) in enumerate(sides, start=1):
         z = watermarked(f"z{i}")
+        if i in trees:
+            z = z.join(watermarked(f"u{i}"), (F.col(f"z{i}_j") == F.col(f"u{i}_j")) & near(f"u{i}_ts", f"z{i}_ts")).drop(f"u{i}_ts")
         on = (F.col(f"x_{key}") == F.col(f"z{i}_{key}")) & near(f"z{i}_ts", "x_ts")
         if how == "semi":
             # Reading the side joined before keeps Spark's optimizer from pushing the semi join down to x (not an
@@ -95,13 +98,16 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
     return umjoin, on, off
 
 
-def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool]:
-    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed; and whether y is joined."""
+def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int]]:
+    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed; whether y is joined;
+    and the sides that are join trees (about one in three)."""
     rng = random.Random(seed)
     sides = [(rng.choice(["left", "left", "right", "inner"]), rng.choice(["k", "k", "j"])) for _ in range(rng.randint(2, 4))]
     if seed % 2:
         sides[rng.randrange(len(sides))] = ("semi", rng.choice(["k", "k", "j"]))
-    return sides, rng.random() < 0.5
+    with_y = rng.random() < 0.5
+    of_trees = random.Random(300 + seed)  # (a generator of its own: the sides drawn above stay what they were)
+    return sides, with_y, frozenset(i for i in range(1, len(sides) + 1) if of_trees.random() < 0.35)
 
 
 CHAIN_SEEDS = 6
@@ -110,6 +116,8 @@ CHAIN_SEEDS = 6
 def test_the_random_chains_mix_every_join_type() -> None:
     chains = [random_chain(seed)[0] for seed in range(CHAIN_SEEDS)]
     kinds = [{how for how, _ in sides} for sides in chains]
+    tree_sides = {sides[i - 1][0] for sides, _, trees in map(random_chain, range(CHAIN_SEEDS)) for i in trees}
+    assert {"left", "right", "semi"} <= tree_sides  # a join tree on the non-preserved side of each
     assert any("semi" in k and {"left", "right"} & k for k in kinds)  # a semi join beside outer ones
     assert any("semi" not in k and {"left", "right"} & k for k in kinds)
     assert {"left", "right", "inner", "semi"} <= set().union(*kinds)
@@ -121,18 +129,24 @@ def test_the_random_chains_mix_every_join_type() -> None:
 @pytest.mark.parametrize("seed", range(CHAIN_SEEDS))
 def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
         spark: SparkSession, tmp_path: Path, seed: int) -> None:
-    sides, with_y = random_chain(seed)
-    names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1))]
+    sides, with_y, trees = random_chain(seed)
+    names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1)), *(f"u{i}" for i in sorted(trees))]
     random_streams(tmp_path, names, random.Random(seed))
-    settings = ROCKSDB if seed % 4 in (1, 2) else {}
+    # (Two inputs are enough for a group: a join tree on an outer or semi join's non-preserved side runs as a StreamingUMJoin of its own.)
+    settings = {**(ROCKSDB if seed % 4 in (1, 2) else {}), "spark.umjoin.minInputs": "2"}
     restart = names if seed % 3 == 2 else None  # stopped halfway, with combinations waiting to be padded or matched
-    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y), settings, restart)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y, trees), settings, restart)
 
     plan = executed_plan(umjoin)
-    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, (sides, plan)
+    # Each join tree on a non-preserved side is cut off, its output one input of the group above; an inner side's is in the group.
+    cut_off = sum(sides[i - 1][0] != "inner" for i in trees)
+    assert plan.count("StreamingUMJoin inputs=") == 1 + cut_off and "StreamingSymmetricHashJoin" not in plan, (sides, trees, plan)
     assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how in ("left", "right") for how, _ in sides), plan
     assert plan.count("left semi: unmatched combinations wait for it") == sum(how == "semi" for how, _ in sides), plan
     assert on == off, (sides, with_y)  # the same rows, each put out in the same micro-batch as many times
+    names_out = chain_query(spark, tmp_path, sides, with_y, trees).columns
+    for i in trees:  # each join tree on a padded side matched through both its streams somewhere
+        assert sides[i - 1][0] not in ("left", "right") or any(row[names_out.index(f"u{i}_v")] is not None for row in on), (i, sides)
     padded_somewhere = [row for row in on if None in row]
     assert len(padded_somewhere) < len(on)  # some rows every join matched
     assert padded_somewhere or any(how in ("inner", "semi") for how, _ in sides)  # (inner joins above may drop every padded row)

@@ -116,8 +116,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
-        val why = if (j.joinType == FullOuter) " (both its sides are padded: in a group of three or more inputs one side is a join, " +
-          "which a StreamingUMJoin does not pad; of two streams alone, Spark's join keeps just its two inputs in state, as a StreamingUMJoin would)" else ""
+        val why = if (j.joinType == FullOuter) " (both its sides are padded: a StreamingUMJoin pads one side per outer join; alone, with " +
+          "join trees on its sides cut off, it would keep its two inputs in state, as Spark's join does)" else ""
         unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins$why")
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
@@ -342,18 +342,18 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * why the group cannot run them: at most one semi join, and outer joins, anywhere in the group (the joins
    * and filters above an outer join read its padded columns nowhere: [[nonInnerJoinRefusal]]; nothing
    * above a semi join reads its non-preserved side, whose columns it does not put out); each join's
-   * non-preserved side one stream.
+   * non-preserved side one streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
    */
   private def semiAndOuterJoins(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
       : Either[String, (Option[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
-    val isJoin = (p: SparkPlan) => p.isInstanceOf[BaseJoinExec] || p.isInstanceOf[StreamingSymmetricHashJoinExec]
     val (semis, outers) = group.members.collect {
       case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j
     }.partition(_.joinType == LeftSemi)
     def nonPreservedOf(j: StreamingSymmetricHashJoinExec): Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
       val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
       val input = group.inputs.indexWhere(_ eq nonPreserved)
-      if (input < 0 || nonPreserved.exists(isJoin)) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
+      // A join tree there is cut off by the group's splitting: its output is then one stream input of the group.
+      if (input < 0) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
       else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
     }
