@@ -7,15 +7,16 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, GenericInternalRow, JoinedRow, Not, Or, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, JoinedRow, Not, Or, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter, SQLShuffleWriteMetricsReporter}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.types.{BinaryType, DataType, IntegerType}
+import org.apache.spark.unsafe.Platform
 
-import org.apache.spark.sql.execution.umjoin.PagedStore
+import org.apache.spark.sql.execution.umjoin.{PagedStore, ShuffleWrites}
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.{GeneratedCode, JoinGraph}
 import umjoin.spark.core.cost.{ProbeCounters, StaticCacheSettings}
@@ -288,14 +289,14 @@ private[streaming] final class StageTask(
       val feeds = mutable.Map[Int, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
       val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
-      shipped().flatMap { envelope =>
+      shipped().flatMap { shippedRow =>
+        val envelope = shippedRow.asInstanceOf[UnsafeRow]
         val start = envelope.getInt(0)
-        val bytes = envelope.getBinary(1)
         if (start == StageTask.Unmatched) {
-          unmatchedRow.pointTo(bytes, bytes.length)
+          StageTask.pointToContent(unmatchedRow, envelope)
           Iterator.single((StageTask.Unmatched, unmatchedRow))
         } else if (start == StageTask.ResultRow) {
-          resultRow.pointTo(bytes, bytes.length)
+          StageTask.pointToContent(resultRow, envelope)
           Iterator.single((StageTask.ResultRow, resultRow))
         } else {
           val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
@@ -303,7 +304,7 @@ private[streaming] final class StageTask(
             val feed = new StageTask.Feed(job.planOf(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
             (segment, feed, core.join(feed))
           })
-          feed.set(bytes)
+          feed.set(envelope)
           label(start, rows, segment)
         }
       }
@@ -312,12 +313,19 @@ private[streaming] final class StageTask(
 
   /** A stage before the last: its rows, each addressed to the partition it continues in. */
   def shipping(): Iterator[(Int, InternalRow)] = {
-    val envelope = UnsafeProjection.create(Array[DataType](IntegerType, BinaryType))
-    val fields = new GenericInternalRow(2)
+    val envelope = new UnsafeRowWriter(2)
+    val copied = ShuffleWrites.keepRows(job.partitions)
+    // The envelope: the tag, then the row's bytes, copied once, from where they are.
     def wrap(start: Int, row: InternalRow): UnsafeRow = {
-      fields.update(0, start)
-      fields.update(1, row.asInstanceOf[UnsafeRow].getBytes)
-      envelope(fields).copy()
+      val bytes = row.asInstanceOf[UnsafeRow]
+      envelope.reset()
+      envelope.zeroOutNullBytes()
+      envelope.write(0, start)
+      bytes.getBaseObject match {
+        case array: Array[Byte] => envelope.write(1, array, (bytes.getBaseOffset - Platform.BYTE_ARRAY_OFFSET).toInt, bytes.getSizeInBytes)
+        case _ => envelope.write(1, bytes.getBytes)
+      }
+      if (copied) envelope.getRow.copy() else envelope.getRow
     }
     val targets = mutable.Map[Int, UnsafeProjection]()
     def targetOf(start: Int, segment: Route.Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
@@ -455,12 +463,21 @@ private[streaming] object StageTask {
   val Unmatched: Int = -2
   def continuesRoute(tag: Int): Boolean = tag >= 0
 
+  /**
+   * Points `row` at the row a shipped envelope holds, in the envelope's own buffer: valid until the
+   * next envelope is read, as every row of a shuffle's reader (no copy of its bytes).
+   */
+  def pointToContent(row: UnsafeRow, envelope: UnsafeRow): Unit = {
+    val offsetAndSize = envelope.getLong(1)
+    row.pointTo(envelope.getBaseObject, envelope.getBaseOffset + (offsetAndSize >>> 32), offsetAndSize.toInt)
+  }
+
   /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
   final class Feed(numFields: Int) extends Iterator[InternalRow] {
     private val row = new UnsafeRow(numFields)
     private var pending = false
-    def set(bytes: Array[Byte]): Unit = {
-      row.pointTo(bytes, bytes.length)
+    def set(envelope: UnsafeRow): Unit = {
+      pointToContent(row, envelope)
       pending = true
     }
     override def hasNext: Boolean = pending
