@@ -65,14 +65,14 @@ bench-memory: build
 	$(PY) -m bench memory --sf $(BENCH_MEMORY_SF) --out bench/results
 
 # The paper's main claim in Structured Streaming: the 4-way join over streams, UMJoin vs Spark's joins.
-bench-streaming: build
+bench-streaming: build testkit
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --workload tpcds --out bench/results
 	$(PY) -m bench streaming --sf $(BENCH_MEMORY_SF) --workload tpch --out bench/results
 
 # Enrichment chains (orders LEFT JOIN 5 and 10 side streams): Spark's joins, UMJoin, and Flink 2.3's MultiJoin
 # and binary joins beside them (PyFlink, the peers extra, shares this venv: its py4j pin is one pyspark accepts).
-bench-enrichment: build
+bench-enrichment: build testkit
 	$(PY) -m pip install --quiet -e '.[dev,bench,peers]'
 	$(PY) -m bench streaming --sf $(BENCH_ENRICHMENT_SF) --workload enrichment --out bench/results
 

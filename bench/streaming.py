@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment, peak_rss_bytes
+from bench import enrichment, peak_rss_bytes, with_testkit
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -84,7 +84,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One streaming run in this process's JVM."""
     from umjoin.local import local_builder
 
-    builder = local_builder("umjoin-bench-streaming", shuffle_partitions=STATE_PARTITIONS, driver_memory=spec["driver_memory"])
+    builder = with_testkit(local_builder("umjoin-bench-streaming", shuffle_partitions=STATE_PARTITIONS, driver_memory=spec["driver_memory"]))
     spark = builder.config("spark.sql.streaming.stateStore.providerClass", spec["provider"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.umjoin.enabled", str(spec["umjoin"]).lower())
@@ -126,12 +126,31 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     heap_pools = [p for p in management.getMemoryPoolMXBeans() if p.getType().toString() == "Heap memory"]
     peak_heap = sum(p.getPeakUsage().getUsed() for p in heap_pools)
     heap_committed = management.getMemoryMXBean().getHeapMemoryUsage().getCommitted()
+    # Read back from the checkpoint after the peaks above were taken, so that reading does not count in them.
+    sizes_error = None
+    if plan is not None and batches and not error:
+        try:
+            sizes = state_sizes(spark, plan, [b["batch"] for b in batches])
+        except Exception as e:  # the run's own figures stand; say why its exact state size is missing
+            sizes, sizes_error = {}, str(e).splitlines()[0][:300]
+        for b in batches:
+            b["state_data_rows"], b["state_data_bytes"] = sizes.get(b["batch"], (None, None))
     # Stopped here, not by the JVM's exit. (JVMs with RocksDB stores open used to hang in their exit,
     # a compaction's log call blocked by the exiting JVM; StoresClosedAtExit in the shim now closes them first.)
     spark.stop()
     return {"seconds": seconds, "error": error, "batches": batches, "peak_rss_bytes": rss, "peak_heap_bytes": peak_heap,
-            "heap_committed_bytes": heap_committed,
+            "heap_committed_bytes": heap_committed, "state_sizes_error": sizes_error,
             "umjoin_in_plan": "StreamingUMJoin " in executed, "stream_stream_joins": executed.count("StreamingSymmetricHashJoin")}
+
+
+def state_sizes(spark: Any, execution: Any, batch_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per micro-batch, the rows and exact bytes (keys and values as stored) of the query's join state, read back from its checkpoint
+    by the testkit's StateSizes: one measure for Spark's joins and UMJoin, comparable with a Flink savepoint's size."""
+    ids = spark.sparkContext._gateway.new_array(spark._jvm.long, len(batch_ids))
+    for k, batch in enumerate(batch_ids):
+        ids[k] = batch
+    measured = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perBatchJson(execution, ids))
+    return {m["batch"]: (m["rows"], m["bytes"]) for m in measured}
 
 
 def _reported_by(module: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +185,8 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
         "final_state_bytes": last["state_memory_bytes"] + last["state_disk_bytes"] if last else None,
         "max_state_bytes": max((b["state_memory_bytes"] + b["state_disk_bytes"] for b in batches), default=None),
         "shipped": sum(b["shipped"] for b in batches),
+        "max_state_data_bytes": max((b.get("state_data_bytes") or 0 for b in batches), default=0) or None,
+        "max_state_data_rows": max((b.get("state_data_rows") or 0 for b in batches), default=0) or None,
     })
     print(f"{spec.get('label', spec['workload']):>8} {name:>15} {spec['driver_memory']:>4}: "
           f"{'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  output {result['output_rows']}  "
@@ -279,32 +300,36 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
         "deliveries of lines 1-3), each on the order key and a time window after the order, and with 5 on two keys (the fifth: "
         "the same customer's orders within 30 days, on the customer key) (`bench/enrichment.py`). "
         f"Spark's chained stream-stream joins and UMJoin: local[2], {STATE_PARTITIONS} state partitions, RocksDB, 4g, "
-        "watermarks of 1 day; state rows and bytes (memory + SST files) at their highest over the micro-batches. "
+        "watermarks of 1 day; state rows, the state's exact bytes (every stored key and value as stored, read back from the "
+        "checkpoint after the run for each micro-batch) and what the state stores report (RocksDB's memory + SST files), each at "
+        "its highest over the micro-batches. "
         "Flink 2.3 (PyFlink, local mini cluster, parallelism 2, RocksDB): its regular joins over the same rows as CSV, "
         "with `table.optimizer.multi-join.enabled` (MultiJoin) and without (binary joins); state bytes from a canonical "
         "savepoint once every row is in (its regular joins never evict), time until the result's count settled. "
         "Output rows: the chain's result, every order put out, as DuckDB computes it from the same files.",
         "",
-        "| chain | run | plan | output rows (expected) | time (s) | max state rows | max state bytes | peak RSS |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        "| chain | run | plan | output rows (expected) | time (s) | max state rows | max state bytes, exact (Flink: savepoint) | "
+        "max state memory + SST | peak RSS |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for chain in chains:
         for r in chain["runs"]:
             label = chain["chain"]
             if r["error"]:
-                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | |")
+                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | | |")
                 continue
             if r["run"].startswith("flink"):
                 plan = "MultiJoin" if r["multi_join_in_plan"] else "binary joins"
-                rows, state = "-", _mb(r["state_bytes"])
+                rows, exact, stores = "-", _mb(r["state_bytes"]), "-"
             else:
                 plan = ("1 StreamingUMJoin + " if r["umjoin_in_plan"] else "") + f"{r['stream_stream_joins']} stream-stream joins"
-                rows, state = str(r["max_state_rows"]), _mb(r["max_state_bytes"])
+                rows, exact, stores = str(r["max_state_rows"]), _mb(r.get("max_state_data_bytes")), _mb(r["max_state_bytes"])
             same = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
-            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({same}) | {r['seconds']:.0f} | {rows} | {state} | "
+            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({same}) | {r['seconds']:.0f} | {rows} | {exact} | {stores} | "
                          f"{_mb(r['peak_rss_bytes'])} |")
-    lines += ["", "| chain | UMJoin / Spark: time | state rows | state bytes | peak RSS | UMJoin / Flink MultiJoin: state bytes | time |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| chain | UMJoin / Spark: time | state rows | state bytes, exact | state memory + SST | peak RSS | "
+              "UMJoin / Flink MultiJoin: state bytes (exact / savepoint) | time |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for chain in chains:
         runs = {r["run"]: r for r in chain["runs"] if not r["error"]}
         spark, umjoin, multi = runs.get("spark-rocksdb"), runs.get("umjoin-rocksdb"), runs.get("flink-multijoin")
@@ -312,8 +337,9 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
         def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str, other: str | None = None) -> str:
             return _ratio(a[key] / b[other or key]) if a and b and a.get(key) and b.get(other or key) else "-"
         lines.append(f"| {chain['chain']} | {ratio(umjoin, spark, 'seconds')} | {ratio(umjoin, spark, 'max_state_rows')} | "
-                     f"{ratio(umjoin, spark, 'max_state_bytes')} | {ratio(umjoin, spark, 'peak_rss_bytes')} | "
-                     f"{ratio(umjoin, multi, 'max_state_bytes', 'state_bytes')} | {ratio(umjoin, multi, 'seconds')} |")
+                     f"{ratio(umjoin, spark, 'max_state_data_bytes')} | {ratio(umjoin, spark, 'max_state_bytes')} | "
+                     f"{ratio(umjoin, spark, 'peak_rss_bytes')} | {ratio(umjoin, multi, 'max_state_data_bytes', 'state_bytes')} | "
+                     f"{ratio(umjoin, multi, 'seconds')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -322,7 +348,8 @@ def _enrichment_plots(path: Path, chains: list[dict[str, Any]]) -> None:
     if plt is None:
         return
     figure, axes = plt.subplots(1, 3, figsize=(17, 5))
-    measures = (("max state bytes (MB)", lambda r: (r["state_bytes"] if r["run"].startswith("flink") else r["max_state_bytes"]) or 0),
+    measures = (("max state bytes, exact (Flink: savepoint) (MB)",
+                 lambda r: (r["state_bytes"] if r["run"].startswith("flink") else r.get("max_state_data_bytes")) or 0),
                 ("time (s)", lambda r: r["seconds"] or 0), ("peak RSS (MB)", lambda r: r["peak_rss_bytes"] or 0))
     names = list(dict.fromkeys(r["run"] for c in chains for r in c["runs"]))
     width = 0.8 / max(len(names), 1)
@@ -347,11 +374,13 @@ def _comparison(runs: list[dict[str, Any]]) -> dict[str, Any]:
     spark, umjoin = runs
     ok = not spark["error"] and not umjoin["error"] and spark["batches"] and umjoin["batches"]
     if not ok:
-        return {"same_output": False, "state_rows_ratio": None, "state_bytes_ratio": None, "time_ratio": None}
+        return {"same_output": False, "state_rows_ratio": None, "state_bytes_ratio": None, "data_bytes_ratio": None, "time_ratio": None}
     return {
         "same_output": spark["output_rows"] == umjoin["output_rows"],
         "state_rows_ratio": spark["final_state_rows"] / max(umjoin["final_state_rows"], 1),
         "state_bytes_ratio": spark["final_state_bytes"] / max(umjoin["final_state_bytes"], 1),
+        "data_bytes_ratio": (spark["max_state_data_bytes"] / umjoin["max_state_data_bytes"]
+                             if spark.get("max_state_data_bytes") and umjoin.get("max_state_data_bytes") else None),
         "time_ratio": umjoin["seconds"] / spark["seconds"],
     }
 
@@ -370,8 +399,9 @@ def _tpcds_markdown(sf: float, batches: int, expected: int | None, results: list
         "",
         f"Expected result rows: {expected if expected is not None else 'n/a'}.",
         "",
-        "| run | driver memory | state store | result | time (s) | output rows | rows/s | mean batch (s) | max batch (s) | state rows at end | max state rows | state memory at end | state on disk at end | peak RSS |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | driver memory | state store | result | time (s) | output rows | rows/s | mean batch (s) | max batch (s) | state rows at end | "
+        "max state rows | max state bytes, exact | state memory at end | state on disk at end | peak RSS |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         durations = _durations(r)
@@ -380,7 +410,7 @@ def _tpcds_markdown(sf: float, batches: int, expected: int | None, results: list
         lines.append(
             f"| {r['run']} | {r['driver_memory']} | {r['provider']} | {'ok' if not r['error'] else 'failed: ' + r['error'][:100]} | "
             f"{r['seconds'] or 0:.0f} | {r['output_rows']} | {rate:.0f} | {sum(durations) / len(durations):.2f} | {max(durations):.2f} | "
-            f"{r['final_state_rows']} | {r['max_state_rows']} | {_mb(last.get('state_memory_bytes'))} | {_mb(last.get('state_disk_bytes'))} | "
+            f"{r['final_state_rows']} | {r['max_state_rows']} | {_mb(r.get('max_state_data_bytes'))} | {_mb(last.get('state_memory_bytes'))} | {_mb(last.get('state_disk_bytes'))} | "
             f"{_mb(r['peak_rss_bytes'])} |")
     umjoin = next((r for r in results if r["run"] == "umjoin-rocksdb" and r["batches"] and r["batches"][-1]["state_rows_per_input"]), None)
     if umjoin:
@@ -400,20 +430,21 @@ def _tpch_markdown(sf: float, batches: int, blocks: list[dict[str, Any]]) -> str
         "Each block (`SELECT *` over the query's tables with its join and filter predicates) runs twice, each in its own JVM "
         "with 4g driver memory: Spark's chained stream-stream joins (UMJoin off) and one StreamingUMJoin. "
         "State at the end: rows kept (UMJoin: its inputs' rows; Spark: its inputs' rows and every intermediate result), "
-        "UMJoin's index entries beside them, and bytes (state memory + SST files on disk).",
+        "UMJoin's index entries beside them, and bytes (state memory + SST files on disk); and the state's exact bytes at their "
+        "highest over the micro-batches (every stored key and value as stored, read back from the checkpoint after the run).",
         "",
         f"Targets (the issue's): state at least {STATE_TARGET:g}x smaller than Spark's, total time no more than Spark's.",
         "",
         "| block | Spark's joins -> UMJoin | same output | output rows | state rows at end: Spark / UMJoin (ratio) | UMJoin index entries | "
-        "state bytes at end: Spark / UMJoin (ratio) | time (s): Spark / UMJoin (ratio) | max batch (s): Spark / UMJoin | "
-        "peak RSS: Spark / UMJoin | rows shipped between stores |",
-        "|---|---|---|---:|---|---:|---|---|---|---|---:|",
+        "state bytes at end: Spark / UMJoin (ratio) | max state bytes, exact: Spark / UMJoin (ratio) | "
+        "time (s): Spark / UMJoin (ratio) | max batch (s): Spark / UMJoin | peak RSS: Spark / UMJoin | rows shipped between stores |",
+        "|---|---|---|---:|---|---:|---|---|---|---|---|---:|",
     ]
     for block in blocks:
         spark, umjoin = block["runs"]
         failed = [f"{r['run']}: {r['error']}" for r in block["runs"] if r["error"]]
         if failed:
-            lines.append(f"| Q{block['query']:02d} | failed: {'; '.join(failed)[:200]} | | | | | | | | | |")
+            lines.append(f"| Q{block['query']:02d} | failed: {'; '.join(failed)[:200]} | | | | | | | | | | |")
             continue
         last = umjoin["batches"][-1]
         lines.append(
@@ -421,6 +452,7 @@ def _tpch_markdown(sf: float, batches: int, blocks: list[dict[str, Any]]) -> str
             f" + {umjoin['stream_stream_joins']} | {'yes' if block['same_output'] else 'NO'} | {umjoin['output_rows']} | "
             f"{spark['final_state_rows']} / {umjoin['final_state_rows']} ({_ratio(block['state_rows_ratio'])}) | {last['state_index_entries']} | "
             f"{_mb(spark['final_state_bytes'])} / {_mb(umjoin['final_state_bytes'])} ({_ratio(block['state_bytes_ratio'])}) | "
+            f"{_mb(spark.get('max_state_data_bytes'))} / {_mb(umjoin.get('max_state_data_bytes'))} ({_ratio(block.get('data_bytes_ratio'))}) | "
             f"{spark['seconds']:.0f} / {umjoin['seconds']:.0f} ({_ratio(block['time_ratio'])}) | "
             f"{max(_durations(spark)):.1f} / {max(_durations(umjoin)):.1f} | {_mb(spark['peak_rss_bytes'])} / {_mb(umjoin['peak_rss_bytes'])} | "
             f"{umjoin['shipped']} |")

@@ -461,6 +461,48 @@ def test_state_of_another_umjoin_version_is_refused(spark: SparkSession, tmp_pat
     assert expected in str(failure.value) and "new checkpoint location" in str(failure.value)
 
 
+def test_the_benchmarks_state_sizes_count_every_stored_key_and_value(spark: SparkSession, tmp_path: Path) -> None:
+    """The benchmarks' exact state measure (bench.streaming.state_sizes, read back from the checkpoint) against the rows Spark's
+    two joins and UMJoin keep, counted here from the data: without watermarks every row stays. Every column is a BIGINT, so each
+    stored key or value of n fields is an UnsafeRow of 8 + 8n bytes."""
+    from bench.streaming import state_sizes
+
+    rng = random.Random(5)
+    data = {n: [[(rng.randrange(5), i) for i in range(6)] for _ in range(3)] for n in "xyz"}
+    for name, batches in data.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_v BIGINT", batches)
+
+    def query() -> DataFrame:
+        return star({n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_v BIGINT") for n in "xyz"}, "xyz")
+
+    def row(fields: int) -> int:
+        return 8 + 8 * fields
+
+    with temporary_conf(spark, ROCKSDB):
+        _, umjoin = run_to_end(query(), "sizes_on", tmp_path / "ck-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, joins = run_to_end(query(), "sizes_off", tmp_path / "ck-off")
+    for query_run in (umjoin, joins):
+        assert [p["batchId"] for p in query_run.recentProgress] == [0, 1, 2]
+    measured_umjoin = state_sizes(spark, umjoin._jsq.streamingQuery().lastExecution(), [0, 1, 2])
+    measured_joins = state_sizes(spark, joins._jsq.streamingQuery().lastExecution(), [0, 1, 2])
+    for b in range(3):
+        seen = {n: [r for batch in data[n][: b + 1] for r in batch] for n in "xyz"}
+        count = {n: {k: sum(1 for r in seen[n] if r[0] == k) for k in range(5)} for n in "xyz"}
+        # UMJoin: each input's rows, keyed by (key, sequence number, time stored), and no index on a single key.
+        (operator,) = [op for op in umjoin.recentProgress[b]["stateOperators"] if op["operatorName"] == "umJoin"]
+        assert all(operator["customMetrics"][f"stateIndexEntriesInput{i}"] == 0 for i in range(3))
+        stored = sum(len(seen[n]) for n in "xyz")
+        assert measured_umjoin[b] == (stored, stored * (row(3) + row(2)))
+        # Spark's joins: per side, each row keyed by (key, index) with its `matched` flag, and each key's count of rows.
+        xy = sum(count["x"][k] * count["y"][k] for k in range(5))
+        sides = [(len(seen["x"]), 2, count["x"]), (len(seen["y"]), 2, count["y"]), (len(seen["z"]), 2, count["z"]),
+                 (xy, 4, {k: count["x"][k] * count["y"][k] for k in range(5)})]
+        rows = sum(n + sum(1 for c in keys.values() if c) for n, _, keys in sides)
+        size = sum(n * (row(2) + row(fields + 1)) + sum(1 for c in keys.values() if c) * (row(1) + row(1)) for n, fields, keys in sides)
+        assert measured_joins[b] == (rows, size)
+
+
 def event_time_data(tmp_path: Path, names: str = "xyz") -> None:
     """Streams whose event times advance 10 minutes a batch; a few rows arrive a day late."""
     rng = random.Random(7)

@@ -42,7 +42,16 @@ final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionCla
   def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey", partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
   /** Every index the input's rows can be probed through: its partitioning class, then the further indexes. */
   def allIndexes: Seq[(StoreIndex, Seq[Expression])] = (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
+  /** The rows' store. */
+  def rowStore: StoreSchema = StoreSchema(name, primaryKeySchema, DataTypeUtils.fromAttributes(output))
+  /** Per further index (in the order of `indexes`), its store. */
+  def indexStores: Seq[StoreSchema] = indexes.zipWithIndex.map { case ((_, keys), position) =>
+    StoreSchema(InputState.indexStoreName(name, position), indexKeySchema(keys), indexValueSchema)
+  }
 }
+
+/** One state store of a stream input in each partition: its name and the schemas of its keys and values. */
+final case class StoreSchema(name: String, keySchema: StructType, valueSchema: StructType)
 
 /**
  * The stores of one stream input in one task, for reading: the version the previous micro-batch
@@ -132,39 +141,33 @@ object InputState {
   def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputState = {
     StoresClosedAtExit.ensure()
-    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): ReadStateStore = {
-      val store = StateStore.getReadOnly(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
+    def open(store: StoreSchema, conf: StateStoreConf): ReadStateStore = {
+      val readStore = StateStore.getReadOnly(providerId(info, partition, store.name), store.keySchema, store.valueSchema, keyEncoding(store.keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
-      context.addTaskCompletionListener[Unit](_ => store.release())
-      store
+      context.addTaskCompletionListener[Unit](_ => readStore.release())
+      readStore
     }
-    new InputState(spec,
-      open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows),
-      spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
-        index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
-      }.toMap,
-      visible)
+    new InputState(spec, open(spec.rowStore, confs.rows),
+      spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap, visible)
   }
 
   /** The state to write this micro-batch's version of; aborted when the task ends without committing. */
   def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputStateWriter = {
     StoresClosedAtExit.ensure()
-    def open(name: String, keySchema: StructType, valueSchema: StructType, conf: StateStoreConf): StateStore = {
-      val store = StateStore.get(providerId(info, partition, name), keySchema, valueSchema, prefixed(keySchema),
+    def open(schema: StoreSchema, conf: StateStoreConf): StateStore = {
+      val store = StateStore.get(providerId(info, partition, schema.name), schema.keySchema, schema.valueSchema, keyEncoding(schema.keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
       context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
       store
     }
-    val primary = open(spec.name, spec.primaryKeySchema, DataTypeUtils.fromAttributes(spec.output), confs.rows)
-    val indexes = spec.indexes.zipWithIndex.map { case ((index, keys), position) =>
-      index -> open(indexStoreName(spec.name, position), spec.indexKeySchema(keys), spec.indexValueSchema, confs.indexes)
-    }.toMap
+    val primary = open(spec.rowStore, confs.rows)
+    val indexes = spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap
     new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible), info.storeVersion)
   }
 
   /** Every store is probed by prefix scans on all of its key's fields but the sequence number (and the primary's time). */
-  private def prefixed(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
+  def keyEncoding(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
     PrefixKeyScanStateEncoderSpec(keySchema, keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
 
   private def providerId(info: StatefulOperatorStateInfo, partition: Int, name: String): StateStoreProviderId =

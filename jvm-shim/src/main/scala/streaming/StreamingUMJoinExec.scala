@@ -164,6 +164,32 @@ case class StreamingUMJoinExec(
     setStoreInstanceMetrics(m.instanceMetrics)
   }
 
+  /** Per stored input, where a partition keeps its rows. */
+  private def inputStates(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Map[Int, InputStateSpec] =
+    layout.stored.map { j =>
+      j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
+        layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
+    }.toMap
+
+  /** Where a partition keeps the combinations waiting for the semi join's first match, if the group has one. */
+  private def unmatchedState(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Option[UnmatchedSpec] =
+    semiInput.map { o =>
+      val key = graph.classes.indexWhere(_.inputs.contains(o))
+      val preserved = graph.joined.filter(_ != o)
+      // A waiting combination may be padded for an outer input: its columns are read as nullable.
+      val columns = preserved.flatMap(i => if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
+      UnmatchedSpec(o,
+        InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+          InputState.unmatchedStoreName(o)),
+        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable)
+    }
+
+  /** Every state a partition of this operator keeps (each one's stores are `rowStore` and `indexStores`). */
+  def stateSpecs: Seq[InputStateSpec] = {
+    val outputs = children.map(_.output).toIndexedSeq
+    inputStates(joinGraph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedState(joinGraph, outputs).map(_.spec)
+  }
+
   override protected def doExecute(): RDD[InternalRow] = {
     val info = getStateInfo
     val partitions = info.numPartitions
@@ -202,10 +228,7 @@ case class StreamingUMJoinExec(
       outputs = outputs,
       result = output,
       routes = routes.map { case (start, route) => start -> layout.plan(graph, route) },
-      states = layout.stored.map { j =>
-        j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
-          layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
-      }.toMap,
+      states = inputStates(graph, outputs),
       joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
       lateRows = lateRows.toIndexedSeq,
       evictable = evictable.toIndexedSeq,
@@ -215,16 +238,7 @@ case class StreamingUMJoinExec(
       staticLoads = staticLoads,
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
-      unmatched = semiInput.map { o =>
-        val key = graph.classes.indexWhere(_.inputs.contains(o))
-        val preserved = graph.joined.filter(_ != o)
-        // A waiting combination may be padded for an outer input: its columns are read as nullable.
-        val columns = preserved.flatMap(i => if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
-        UnmatchedSpec(o,
-          InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
-            InputState.unmatchedStoreName(o)),
-          graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable)
-      },
+      unmatched = unmatchedState(graph, outputs),
       padding = paddingStart.map { start =>
         val outer = graphShape.outer.keys.toSeq
         // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
