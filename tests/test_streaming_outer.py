@@ -207,8 +207,9 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
 
 def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one_input(spark: SparkSession, tmp_path: Path) -> None:
     """(w JOIN x) LEFT OUTER JOIN (y JOIN z): the side padded with NULLs is a join tree. The group is cut
-    there: y JOIN z runs on its own (Spark's join, or a StreamingUMJoin of two inputs with spark.umjoin.minInputs=2)
-    and its output is one stream input of the StreamingUMJoin of w, x and it, padded where Spark's outer join pads."""
+    there: y JOIN z runs on its own (here Spark's join; a StreamingUMJoin of two inputs with spark.umjoin.minInputs=2,
+    as the random chains of test_streaming_chains.py run their join-tree sides) and its output is one stream input of
+    the StreamingUMJoin of w, x and it, padded where Spark's outer join pads."""
     random_streams(tmp_path, 7)
 
     def query() -> DataFrame:
@@ -218,15 +219,13 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
         right = f["y"].join(f["z"], (F.col("y_j") == F.col("z_j")) & near(F.col("z_ts"), F.col("y_ts"))).drop("z_ts")
         return left.join(right, (F.col("w_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("w_ts")), "left_outer")
 
-    for min_inputs, spark_joins in (("3", 1), ("2", 0)):
-        directory = tmp_path / f"min{min_inputs}"
-        with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.minInputs": min_inputs}):
-            running, on = run_by_batch(query(), directory / "ck-on", directory / "out-on")
-            with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-                _, off = run_by_batch(query(), directory / "ck-off", directory / "out-off")
-        plan = executed_plan(running)
-        assert plan.count("StreamingSymmetricHashJoin") == spark_joins, plan
-        assert plan.count("StreamingUMJoin inputs=") == 2 - spark_joins, plan
-        assert plan.count("padded with NULLs once the watermark rules out a match") == 1, plan
-        assert on == off  # each row put out in the micro-batch Spark's joins put it out
-        assert any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.minInputs": "3"}):
+        running, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+    plan = executed_plan(running)
+    assert plan.count("StreamingSymmetricHashJoin") == 1, plan
+    assert plan.count("StreamingUMJoin inputs=") == 1, plan
+    assert plan.count("padded with NULLs once the watermark rules out a match") == 1, plan
+    assert on == off  # each row put out in the micro-batch Spark's joins put it out
+    assert any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
