@@ -186,8 +186,9 @@ case class StreamingUMJoinExec(
 
   /** Every state a partition of this operator keeps (each one's stores are `rowStore` and `indexStores`). */
   def stateSpecs: Seq[InputStateSpec] = {
+    val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
-    inputStates(joinGraph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedState(joinGraph, outputs).map(_.spec)
+    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedState(graph, outputs).map(_.spec)
   }
 
   override protected def doExecute(): RDD[InternalRow] = {
