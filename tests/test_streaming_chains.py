@@ -30,10 +30,10 @@ def columns(name: str) -> str:
     return f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
 
 
-def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60) -> None:
+def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6) -> None:
     """Rows of each stream over `minutes` of event time, out of order within the watermark's delay, a
-    few a day late, cut at random into micro-batches; then one far-future row per stream, whose
-    watermark lets every waiting combination go."""
+    few a day late, cut at random into micro-batches (at 2 to `most_cuts` places); then one far-future
+    row per stream, whose watermark lets every waiting combination go."""
     for n, name in enumerate(names):
         rows = []
         for _ in range(rng.randint(15, 40)):
@@ -43,7 +43,7 @@ def random_streams(directory: Path, names: list[str], rng: random.Random, minute
         data = [r[1] for r in rows]
         for i in rng.sample(range(len(data) // 2, len(data)), 1):
             data[i] = (data[i][0], data[i][1], BASE - datetime.timedelta(days=1), data[i][3])
-        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(2, 6)))
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(2, most_cuts)))
         batches = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
         write_batches(directory / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
 
@@ -161,10 +161,11 @@ def compiled_classes(spark: SparkSession) -> int:
 def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: SparkSession, tmp_path: Path) -> None:
     """The enrichment Flink's MultiJoin is built for: one stream and nine side streams on its key. Its 10 routes of
     9 steps need more generated classes than Spark's code cache keeps (100): its tasks take them from the ones
-    before (compiled anew in every task, they were about 5,500 over this run's 9 micro-batches, 600 reused)."""
+    before (compiled anew in every task, they were about 5,500 over 9 micro-batches, 600 reused). Each stream is cut
+    in 3 parts at most: a micro-batch of ten file sources costs about 4 s, whatever its rows."""
     rng = random.Random(10)
     sides = [("left", "k")] * 9
-    random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 10))], rng, minutes=40)
+    random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 10))], rng, minutes=40, most_cuts=2)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
         before = compiled_classes(spark)
         umjoin, on = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-on", tmp_path / "out-on")
