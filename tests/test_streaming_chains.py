@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def random_streams(directory: Path, names: list[str], rng: random.Random, minute
 
 def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int] = frozenset()) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
-    or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k" or "j")
+    or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k", "j", or "kj": both)
     and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and the value of the inner side
     joined before it, or y's). Each zi_ts loses its watermark after its join: Spark's joins above
     take one event-time column per side. Side i in `trees` is a join tree: zi joined inner with a stream ui
@@ -68,7 +69,9 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
         z = watermarked(f"z{i}")
         if i in trees:
             z = z.join(watermarked(f"u{i}"), (F.col(f"z{i}_j") == F.col(f"u{i}_j")) & near(f"u{i}_ts", f"z{i}_ts")).drop(f"u{i}_ts")
-        on = (F.col(f"x_{key}") == F.col(f"z{i}_{key}")) & near(f"z{i}_ts", "x_ts")
+        on = near(f"z{i}_ts", "x_ts")
+        for column in ("k", "j") if key == "kj" else (key,):
+            on = (F.col(f"x_{column}") == F.col(f"z{i}_{column}")) & on
         if how == "semi":
             # Reading the side joined before keeps Spark's optimizer from pushing the semi join down to x (not an
             # outer join's side: a semi join's condition reading padded columns stays Spark's).
@@ -199,6 +202,23 @@ def test_an_outer_join_whose_on_clause_reads_another_outer_joins_stream_is_a_gro
     assert plan.count("StreamingUMJoin inputs=") == 2 and "StreamingSymmetricHashJoin" not in plan, plan
     assert "ON #1: (z2_v" in plan, plan
     assert on == off and any(row[-1] is None and row[4] is not None for row in on)
+
+
+def test_outer_and_semi_joins_on_two_keys_run_in_the_streaming_umjoin_like_sparks_joins(spark: SparkSession, tmp_path: Path) -> None:
+    """Each side joined on x's two keys (x_k = zi_k AND x_j = zi_j): a StreamingUMJoin keys each non-preserved
+    side by the first, and checks the second with the rest of the ON clause; Spark's rows in every micro-batch."""
+    sides = [("left", "kj"), ("semi", "kj"), ("right", "kj")]
+    random_streams(tmp_path, ["x", "z1", "z2", "z3"], random.Random(40), minutes=20, most_cuts=3)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, False), {})
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert plan.count("padded with NULLs once the watermark rules out a match") == 2, plan
+    for i in (1, 3):  # each outer join's second key, checked with its ON clause
+        assert re.search(rf"ON #\d+: \((x_[kj]#\d+L = z{i}_[kj]|z{i}_[kj]#\d+L = x_[kj])#", plan), plan
+    assert on == off
+    for padded in ([row for row in on if row[0] is None], [row for row in on if row[-4] is None]):  # no z3 (first), no z1 (last) row on both keys
+        assert padded and len(padded) < len(on), on
 
 
 def test_a_group_with_two_semi_joins_keeps_one_of_them_as_spark_planned_it_and_says_why(spark: SparkSession, tmp_path: Path) -> None:

@@ -128,10 +128,13 @@ object JoinGraph {
    * Builds the graph, or explains why the group cannot run as one inner multi-way join. The group's
    * result is the conjunction of `conjuncts` over the inputs' rows, projected to `output`; that is
    * only the same as the binary join tree if every condition is deterministic, subquery-free and
-   * refers to input attributes only, and `output` comes from the inputs.
+   * refers to input attributes only, and `output` comes from the inputs. With `oneKeyPerNonInnerJoin`,
+   * an outer or filter join's first equi-join key between its sides is its only key class, and any
+   * further equality there one more condition of its ON clause (a streaming UMJoin finds the match
+   * of a waiting combination by one key).
    */
   def build(inputOutputs: Seq[Seq[Attribute]], conjuncts: Seq[Expression], output: Seq[Attribute],
-      filterJoins: Seq[FilterJoin] = Nil, outerJoins: Seq[OuterJoin] = Nil): Either[String, JoinGraph] = {
+      filterJoins: Seq[FilterJoin] = Nil, outerJoins: Seq[OuterJoin] = Nil, oneKeyPerNonInnerJoin: Boolean = false): Either[String, JoinGraph] = {
     val inputSets = inputOutputs.map(AttributeSet(_))
     val allInputs = AttributeSet(inputOutputs.flatten)
     def inputsOf(e: Expression): Set[Int] =
@@ -168,8 +171,11 @@ object JoinGraph {
         // An ON clause's key between the outer input and another input is a class of that pair, probed by the
         // other input's expression; every other conjunct decides with the outer input's row which of its rows match.
         val onClasses = outerJoins.map { o =>
+          var keyed = false
           o.input -> o.conditions.flatMap {
-            case EqualTo(l, r) if isKeyPair(l, r, inputsOf) && (inputsOf(l) == Set(o.input)) != (inputsOf(r) == Set(o.input)) =>
+            case EqualTo(l, r) if isKeyPair(l, r, inputsOf) && (inputsOf(l) == Set(o.input)) != (inputsOf(r) == Set(o.input)) &&
+                !(oneKeyPerNonInnerJoin && keyed) =>
+              keyed = true
               val (mine, other) = if (inputsOf(l) == Set(o.input)) (l, r) else (r, l)
               classes += KeyClass(Seq((inputsOf(other).head, normalized(other)), (o.input, normalized(mine))))
               Some(classes.size - 1)
@@ -182,7 +188,7 @@ object JoinGraph {
           val filtered = mutable.Set[Expression]()  // the filter's key expressions (canonical) already in a class
           f.conditions.foreach { c =>
             keyOfFilter(c, f.input, inputsOf) match {
-              case Some((joined, key)) if !filtered.contains(key.canonicalized) =>
+              case Some((joined, key)) if !filtered.contains(key.canonicalized) && !(oneKeyPerNonInnerJoin && filtered.nonEmpty) =>
                 filtered += key.canonicalized
                 val (member, other) = ((f.input, normalized(key)), (joined._1, normalized(joined._2)))
                 val shared = (c: KeyClass) => !c.inputs.exists(outerInputs.contains) && c.members.exists { case (i, e) => i == other._1 && e.canonicalized == other._2.canonicalized }

@@ -251,7 +251,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
         filterJoins = semiJoin.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
-        outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }).flatMap { graph =>
+        outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }, oneKeyPerNonInnerJoin = true).flatMap { graph =>
       val conditions = conjuncts ++ nonInner.flatMap(o => joinConjuncts(o._1))
       lazy val distances = StreamingWatermarks.timeDistances(outputs, conditions)
       // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
@@ -425,8 +425,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    */
   private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
     val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
-    if (keys.size != 1) Some(s"its ${describe(join)} has ${keys.size} equi-join keys between its two sides (a streaming UMJoin matches its non-preserved side by one)")
-    else if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))
+    if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))
       Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
     else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
     else None
