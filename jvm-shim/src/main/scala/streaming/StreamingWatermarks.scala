@@ -137,11 +137,11 @@ object StreamingWatermarks {
       bound <- WatermarkSupport.watermarkExpression(eventTimeColumn(inputOutputs(i)), Some(watermark - d))
     } yield bound
 
-  /** A key class holding both a key of input i and input m's event-time column: keys at or below the watermark. */
+  /** A key class holding both a key of input i and input m's event-time column: keys at or below the watermark (a time slice holds many times). */
   private def keyBound(i: Int, m: Int, inputOutputs: Seq[Seq[Attribute]], classes: Seq[KeyClass], watermark: Long): Option[Expression] =
     eventTimeColumn(inputOutputs(m)).flatMap { time =>
       classes.collectFirst {
-        case c if c.members.exists { case (input, e) => input == m && e.references == AttributeSet(time) } && c.keyOf(i).isDefined =>
+        case c if c.members.exists { case (input, e) => input == m && !e.isInstanceOf[TimeSlice] && e.references == AttributeSet(time) } && c.keyOf(i).isDefined =>
           c.keyOf(i).get
       }
     }.flatMap(key => WatermarkSupport.watermarkExpression(Some(key), Some(watermark)))

@@ -1,0 +1,152 @@
+"""Stream-stream joins with no equality between their sides (bands, inequalities, a Python UDF), bounded
+by time ranges: Spark refuses them while planning; with UMJoin they run, their state one time slice
+(`umjoin_time_slice`). Checked against a nested-loop join computed here, and micro-batch by micro-batch
+against Spark's own stream-stream joins keyed by the slice (the group not converted), with late rows,
+a restart, HDFS and RocksDB state; joins UMJoin cannot bound are refused with what is missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
+
+from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming_outer import hold_back_second_half, run_by_batch
+from umjoin.local import temporary_conf
+
+BASE = datetime.datetime(2026, 1, 1)
+NAMES = ("a", "b", "c")
+NEAR = datetime.timedelta(minutes=5)
+
+
+def columns(name: str) -> str:
+    return f"{name}_k BIGINT, {name}_p BIGINT, {name}_ts TIMESTAMP"
+
+
+def random_rows(rng: random.Random) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    """Per stream, 15-30 rows over 30 minutes of event time, in arrival order: out of order by up to 6 minutes."""
+    streams = {}
+    for name in NAMES:
+        arrivals = []
+        for _ in range(rng.randint(15, 30)):
+            at = BASE + datetime.timedelta(minutes=rng.uniform(0, 30), seconds=rng.randrange(60))
+            arrivals.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (rng.randrange(3), rng.randrange(100), at)))
+        streams[name] = [row for _, row in sorted(arrivals)]
+    return streams
+
+
+def write_in_batches(directory: Path, streams: dict[str, list[tuple]], rng: random.Random | None) -> None:  # type: ignore[type-arg]
+    """Each stream in one file, or (with `rng`) cut at random into micro-batches with a row a day late in its
+    second half, and a last file two days on whose watermark ends every window."""
+    for n, (name, rows) in enumerate(streams.items()):
+        if rng is None:
+            write_batches(directory / name, columns(name), [rows])
+            continue
+        rows = list(rows)
+        late = rng.randrange(len(rows) // 2, len(rows))
+        rows[late] = (rows[late][0], rows[late][1], BASE - datetime.timedelta(days=1))
+        cuts = sorted(rng.randint(0, len(rows)) for _ in range(rng.randint(2, 4)))
+        batches = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
+        write_batches(directory / name, columns(name), [*batches, [(9, 0, BASE + datetime.timedelta(days=2, minutes=n))]])
+
+
+def band_query(spark: SparkSession, directory: Path, keyed: bool) -> DataFrame:
+    """a and b within 5 minutes and 25 in price; their result and c within 5 minutes of b, c's price between
+    theirs, and a Python UDF of a_p and c_p; with `keyed`, c also on a's key (a group mixing both)."""
+    frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
+
+    def near(x: str, y: str):  # type: ignore[no-untyped-def]
+        return F.col(x).between(F.col(y) - F.expr("interval 5 minutes"), F.col(y) + F.expr("interval 5 minutes"))
+
+    ab = frames["a"].join(frames["b"], near("b_ts", "a_ts") & (F.abs(F.col("a_p") - F.col("b_p")) < 25))
+    ab = ab.withMetadata("a_ts", {})  # (Spark's joins take one event-time column per side)
+    on = near("c_ts", "b_ts") & F.col("c_p").between(F.least("a_p", "b_p"), F.greatest("a_p", "b_p"))
+    # A Python UDF, a stand-in for a costly similarity test (a lambda: Spark's Python workers cannot import this module).
+    on = on & F.udf(lambda a_p, c_p: (a_p + c_p) % 3 != 0, BooleanType())("a_p", "c_p")
+    return ab.join(frames["c"], on & (F.col("a_k") == F.col("c_k")) if keyed else on)
+
+
+def nested_loop(streams: dict[str, list[tuple]], keyed: bool) -> list[tuple]:  # type: ignore[type-arg]
+    """The query's result over all rows, every combination tested (the reference)."""
+    out = []
+    for a, b, c in itertools.product(streams["a"], streams["b"], streams["c"]):
+        if abs(a[2] - b[2]) <= NEAR and abs(a[1] - b[1]) < 25 and abs(c[2] - b[2]) <= NEAR and \
+                min(a[1], b[1]) <= c[1] <= max(a[1], b[1]) and (a[1] + c[1]) % 3 != 0 and (not keyed or a[0] == c[0]):
+            out.append((*a, *b, *c))
+    return sorted(out)
+
+
+def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_equals_a_nested_loop(
+        spark: SparkSession, tmp_path: Path) -> None:
+    streams = random_rows(random.Random(7))
+    write_in_batches(tmp_path, streams, None)
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck", tmp_path / "out")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            with pytest.raises(Exception, match="Stream-stream join without equality predicate is not supported"):
+                band_query(spark, tmp_path, keyed=False).explain()
+
+    plan = executed_plan(query)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert "umjoin_time_slice(a_ts" in plan and "umjoin_time_slice(c_ts" in plan, plan
+    expected = nested_loop(streams, keyed=False)
+    assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
+    assert 5 <= len(expected) < len(streams["a"]) * len(streams["b"])  # (the conditions drop most combinations, not all)
+
+
+@pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
+def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_batch_by_micro_batch(
+        spark: SparkSession, tmp_path: Path, seed: int, keyed: bool, provider: str) -> None:
+    """With late rows, random micro-batches and a restart from the checkpoint halfway; Spark's joins keyed by
+    the slice are what runs when the group is not converted (here: fewer inputs than spark.umjoin.minInputs)."""
+    rng = random.Random(seed)
+    streams = random_rows(rng)
+    write_in_batches(tmp_path, streams, rng)
+    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
+
+    def run(name: str) -> tuple:  # type: ignore[type-arg]
+        put_back = hold_back_second_half(tmp_path, list(NAMES))
+        run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        put_back()
+        return run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+
+    with temporary_conf(spark, settings):
+        umjoin, on = run("on")
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            spark_joins, off = run("off")
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    # Spark's joins: the one on a's key keyed by it, each other one by the slice.
+    assert executed_plan(spark_joins).count("StreamingSymmetricHashJoin [umjoin_time_slice(") == (1 if keyed else 2)
+    assert on == off  # the same rows, each put out in the same micro-batch
+    everything = nested_loop(streams, keyed)
+    assert 0 < len(on) < len(everything)  # matches come out; those of the rows a day late do not
+    assert set(on) <= set(everything)
+
+
+def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:
+    write_in_batches(tmp_path, random_rows(random.Random(3)), None)
+    a, b = (stream(spark, tmp_path / n, columns(n)) for n in ("a", "b"))
+
+    def refusal(df: DataFrame) -> str:
+        query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / f"ck{random.random()}")).trigger(availableNow=True).start()
+        with pytest.raises(StreamingQueryException) as failed:
+            query.awaitTermination()
+        return str(failed.value)
+
+    unbounded = a.withWatermark("a_ts", "10 minutes").join(b.withWatermark("b_ts", "10 minutes"), F.col("a_p") < F.col("b_p"))
+    message = refusal(unbounded)
+    assert "has no equality between its sides" in message and "does not bound the left side's event time by the other side's" in message, message
+    assert "(a_p < b_p)" in message
+    no_watermark = a.withWatermark("a_ts", "10 minutes").join(b, F.col("b_ts").between(F.col("a_ts"), F.col("a_ts") + F.expr("interval 1 minute")))
+    message = refusal(no_watermark)
+    assert "its right side has no event-time column with a watermark (withWatermark)" in message, message
