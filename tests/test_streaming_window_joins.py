@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import random
 from pathlib import Path
 
@@ -100,6 +101,29 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
     expected = nested_loop(streams, keyed=False)
     assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
     assert 5 <= len(expected) < len(streams["a"]) * len(streams["b"])  # (the conditions drop most combinations, not all)
+
+
+def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(spark: SparkSession, tmp_path: Path) -> None:
+    """Paper 004's property: for any number of slices (here one per state partition, 1 to 8) the result is the
+    nested loop's, and the rows stored over all slices are the same rows, none kept twice."""
+    streams = random_rows(random.Random(11))
+    write_in_batches(tmp_path, streams, None)
+    expected = nested_loop(streams, keyed=False)
+    stored_by_count = {}
+    for partitions in (1, 2, 3, 5, 8):
+        with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions)}):
+            query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / f"ck{partitions}", tmp_path / f"out{partitions}")
+        assert sorted(row for row, batches in emitted.items() for _ in batches) == expected, partitions
+        plan = executed_plan(query)
+        assert plan.count("hashpartitioning(umjoin_time_slice_number(") == (3 if partitions > 1 else 0), plan
+        stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), 0))  # type: ignore[union-attr]
+        rows = {(s["store"], s["partition"]): s["rows"] for s in stores if "-index-" not in s["store"]}
+        stored_by_count[partitions] = {name: sum(r for (n, _), r in rows.items() if n == name) for name, _ in rows}
+        holding = {name: sum(1 for (n, _), r in rows.items() if n == name and r > 0) for name, _ in rows}
+        # (Slices are hash-partitioned: about three slices per partition here, not always one in each.)
+        assert all(held >= min(partitions, 2) for held in holding.values()), (partitions, rows)
+    # Every stream's rows once, in whichever slices: all of them (one micro-batch: nothing evicted yet).
+    assert all(stored == {f"umjoin-input-{i}": len(streams[n]) for i, n in enumerate(NAMES)} for stored in stored_by_count.values()), stored_by_count
 
 
 @pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])

@@ -56,6 +56,28 @@ object StateSizes {
   }
 
   /**
+   * The rows each store of a streaming query's `execution` (its last) held in each partition after micro-batch `batchId`:
+   * `[{"store": name, "partition": p, "rows": r}, ...]`.
+   */
+  def perPartitionJson(execution: QueryExecution, batchId: Long): String = {
+    val session = execution.sparkSession
+    val hadoopConf = new SerializableConfiguration(session.sessionState.newHadoopConf())
+    val all = stores(session, execution.executedPlan)
+    val rows = session.sparkContext.parallelize(all, math.max(1, all.size)).map { store =>
+      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId, store.partition, store.name), UUID.randomUUID())
+      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema, store.keyEncoding,
+        false, store.conf, hadoopConf.value, false, None)
+      try {
+        val read = provider.getReadStore(batchId + 1, None)
+        try (store.name, store.partition, read.iterator().size) finally read.release()
+      } finally provider.close()
+    }.collect()
+    compact(render(JArray(rows.toList.map { case (name, partition, count) =>
+      JObject("store" -> JString(name), "partition" -> JInt(partition), "rows" -> JLong(count))
+    })))
+  }
+
+  /**
    * Per micro-batch of `batchIds`, the rows and bytes of every store of a streaming query's `execution` (its last) as the batch committed
    * them, summed: `[{"batch": b, "rows": r, "bytes": n}, ...]`. Each store is opened from the
    * checkpoint by a provider of its own and closed after it is read.

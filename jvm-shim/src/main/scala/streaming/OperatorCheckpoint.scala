@@ -103,6 +103,7 @@ object OperatorCheckpoint {
         "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
         "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
         "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
+        layout.timeSliceMs(i).map(ms => List[JField]("timeSliceMs" -> JInt(ms))).getOrElse(Nil) ++
         (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
     }
     val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
@@ -166,7 +167,11 @@ object OperatorCheckpoint {
       }
       val current = if (graph.outer.contains(i)) OuterJoinType else "inner"
       if (joinType != current) fail(s"input #$i was joined as $joinType, now as $current")
-      (kind, partition, indexes)
+      val timeSlice = item \ "timeSliceMs" match {
+        case JInt(ms) => Some(ms.toLong)
+        case _ => None
+      }
+      (kind, partition, indexes, timeSlice)
     }.toIndexedSeq
     val routes = json \ "routes" match {
       case JArray(items) => items.map { item =>
@@ -191,7 +196,7 @@ object OperatorCheckpoint {
       case JString(text) => text
       case _ => "not recorded"
     }
-    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics)
+    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics, parsed.map(_._4))
     layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>
       fail(s"its recorded probe routes do not fit this join (none from input #$s through all ${inputs.size} inputs)")
     }

@@ -46,6 +46,12 @@ object InputKind {
  * classes is one multi-column key), and the route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
  * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
  * laid out by it. `statistics` says what the model's figures were (shown in `explain()`).
+ *
+ * `timeSliceMs`: per input, the width of the time slices its rows are spread over the partitions
+ * by (paper 004, PSP), where it is partitioned on a time-slice class ([[TimeSlice]]: a join without
+ * an equi-join key, whose one value would put the whole state in one partition). Such a store
+ * keeps each row in the partition of its event time's slice, and is probed in all partitions:
+ * every row is stored once, and a combination found once, where its row of that store lives.
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
@@ -53,7 +59,11 @@ final case class StreamingLayout(
     indexes: IndexedSeq[Seq[StoreIndex]],
     routes: Map[Int, Route],
     predictedCost: Double,
-    statistics: String) {
+    statistics: String,
+    timeSliceMs: IndexedSeq[Option[Long]]) {
+
+  /** Whether input `i`'s rows are spread over the partitions by time slice (probed in all of them). */
+  def isTimeSliced(i: Int): Boolean = timeSliceMs(i).isDefined
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
@@ -93,13 +103,14 @@ final case class StreamingLayout(
       if (value.contains(p)) Some(p) else classesOf(to).toSeq.sorted.find(c => value.contains(c) && key(to, c) == key(to, p))
     // The values the combination's partition is the hash of: the one that placed it, and those known equal to it.
     val placedBy = mutable.Set[Expression]()
-    partitionClass(route.start).foreach(c => placedBy += key(route.start, c))
+    partitionClass(route.start).filterNot(_ => isTimeSliced(route.start)).foreach(c => placedBy += key(route.start, c))
     bind(route.start)
     route.edges.map { case (from, to) =>
       val carried = StoreIndex((classesOf(to) intersect value.keySet).toSeq.sorted)
       val step = partitionClass(to) match {
         case None => (Route.Reach.Local, carried)
-        case Some(p) => carrying(to, p) match {
+        // A store spread by time slice is reached in all partitions, each probing its slice.
+        case Some(p) => (if (isTimeSliced(to)) None else carrying(to, p)) match {
           case Some(c) =>
             val reach = if (placedBy.contains(value(c))) Route.Reach.Local else {
               placedBy.clear()
@@ -109,11 +120,13 @@ final case class StreamingLayout(
             (reach, if (InputKind.isStored(kinds(to))) StoreIndex.single(p) else carried)
           case None =>
             placedBy.clear()
-            placedBy += key(to, p)
-            val lookup = if (!InputKind.isStored(kinds(to))) Some(carried) else {
-              val edge = classesOf(from) intersect classesOf(to)
-              indexes(to).filter(_.classes.forall(value.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
-            }
+            if (!isTimeSliced(to)) placedBy += key(to, p)
+            val lookup = if (!InputKind.isStored(kinds(to))) Some(carried)
+              else if (isTimeSliced(to) && value.contains(p)) Some(StoreIndex.single(p))  // (the slice class's one value: every row of the slice)
+              else {
+                val edge = classesOf(from) intersect classesOf(to)
+                indexes(to).filter(_.classes.forall(value.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
+              }
             (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
               s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
         }
@@ -172,7 +185,7 @@ object StreamingLayout {
    * policies need: they change routes within what the layout can probe).
    */
   def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int,
-      compositeIndexes: Boolean): StreamingLayout = {
+      compositeIndexes: Boolean, timeSpanMs: Int => Option[Long]): StreamingLayout = {
     val n = kinds.size
     val classesOf = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
     val candidates = (0 until n).map { i =>
@@ -186,13 +199,18 @@ object StreamingLayout {
     val possible = classesOf.map { cs =>
       if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
     }
-    val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics)
+    val sliced = (0 until n).map { i =>
+      val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall(_._2.isInstanceOf[TimeSlice]))
+      // A slice per partition over the event times a row's matches span (at least 1 ms): the state is spread about evenly.
+      if (!onSlices || kinds(i) != InputKind.Stream || partitions < 2) None else timeSpanMs(i).map(span => (span / partitions).max(1L))
+    }
+    val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>
       if (!InputKind.isStored(kinds(i))) Nil
       // (A semi join's stream starts no route: its rows only let combinations through.)
       else choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
         provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
-      }.distinct.sortBy(_.classes.mkString(","))
+      }.distinct.filterNot(ix => choice.partitioning(i).map(StoreIndex.single).contains(ix)).sortBy(_.classes.mkString(","))
     }
     provisional.copy(indexes = indexes)
   }

@@ -94,11 +94,11 @@ case class StreamingUMJoinExec(
   private def joinGraph: JoinGraph =
     graphShape.withExpressions(graphExpressions)
 
-  /** Input j's expression for the class it is partitioned on (None: broadcast). */
+  /** Input j's expression for the class it is partitioned on (None: broadcast): the key of its store. */
   private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
-    partitionKey(j) match {
+    StreamingUMJoinExec.placement(layout, joinGraph, j) match {
       case Some(key) => StatefulOpClusteredDistribution(Seq(key), getStateInfo.numPartitions)
       case None => BroadcastDistribution(IdentityBroadcastMode)
     }
@@ -202,7 +202,7 @@ case class StreamingUMJoinExec(
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
     val probeGraph = layout.probeGraph(graph)
     val fanOut = probeGraph.edges.map { case (from, to) =>
-      val carried = layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
+      val carried = !layout.isTimeSliced(to) && layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
@@ -323,7 +323,7 @@ case class StreamingUMJoinExec(
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
           }
-          s"${static}partitioned by ${partitionKey(i).get}" +
+          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i).get}" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
       s"#$i ${inputLabels(i)} ($placement)"
@@ -344,6 +344,16 @@ case class StreamingUMJoinExec(
 }
 
 object StreamingUMJoinExec {
+
+  /**
+   * What input j's rows are hash-partitioned by (None: broadcast): its key for the class it is
+   * partitioned on, or, for a store spread by time slice, the number of its event time's slice.
+   */
+  def placement(layout: StreamingLayout, graph: JoinGraph, j: Int): Option[Expression] =
+    layout.partitionClass(j).map(c => graph.classes(c).keyOf(j).get).map {
+      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceNumber(time, layout.timeSliceMs(j).get)
+      case key => key
+    }
 
   /**
    * A route as `explain()` shows it: `->` a step in the same task, `=>` the partial combinations

@@ -321,7 +321,10 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
             case None => estimatedSizes(inputs, kinds, graph)
           }
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes)
+          // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
+          def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
+            .filter(_ > 0).maxOption
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs)
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
           chosen
         }) match {
@@ -518,9 +521,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       joins.foldLeft(input) { case (child, (j, shift)) => StreamingUMJoinMemberExec(j.stateInfo, shift, child) }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
       val marked = if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
-      layout.partitionClass(j) match {
-        case Some(c) =>
-          val placed = partitionedBy(marked, plan.graph.classes(c).keyOf(j).get, partitions)
+      StreamingUMJoinExec.placement(layout, plan.graph, j) match {
+        case Some(key) =>
+          val placed = partitionedBy(marked, key, partitions)
           plan.watermarks.filter(_.carrier == j).fold(placed)(w => throughReplaced(placed, w.chain))
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
@@ -552,7 +555,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     plan.project.fold(joined)(ProjectExec(_, joined))
   }
 
-  /** The input hash-partitioned on its key into the state's partitions. */
+  /** The input hash-partitioned into the state's partitions (see [[StreamingUMJoinExec.placement]]). */
   private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
     ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
 

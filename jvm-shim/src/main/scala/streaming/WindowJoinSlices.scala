@@ -10,15 +10,17 @@ import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
 import org.apache.spark.sql.catalyst.plans.Inner
 import org.apache.spark.sql.catalyst.plans.logical.{Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.types.{DataType, IntegerType, Metadata}
+import org.apache.spark.sql.types.{DataType, IntegerType, LongType, Metadata}
 
 import umjoin.spark.UMJoinConf
 
 /**
- * The time slice of a stream's stored row, by its event time `child`: the key its window state is
- * partitioned by. All state is one slice for now (every row's slice is 0, NULL event times too), so
- * a join on slices pairs every row with every row and its time range and other conditions decide.
- * Never folded: the optimizer would turn an equality of two constants into `true`.
+ * The join key of a stream-stream join without an equi-join key, over a side's event time `child`:
+ * 0 for every row (NULL event times too), so a join on it pairs every row with every row and its
+ * time range and other conditions decide. Spark's join keeps all its state in one partition; a
+ * streaming UMJoin spreads a stream keyed by it over the partitions by time slice
+ * ([[TimeSliceNumber]]) and probes it in all of them. Never folded: the optimizer would turn an
+ * equality of two constants into `true`.
  */
 final case class TimeSlice(child: Expression) extends UnaryExpression {
   override def dataType: DataType = IntegerType
@@ -29,6 +31,23 @@ final case class TimeSlice(child: Expression) extends UnaryExpression {
   override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode =
     ev.copy(code = code"final int ${ev.value} = 0;", isNull = FalseLiteral)
   override protected def withNewChildInternal(newChild: Expression): TimeSlice = copy(child = newChild)
+}
+
+/**
+ * The number of the time slice `child` (an event time) falls in, slices of `widthMs` from the epoch:
+ * where a stream's stored row is kept when its state is spread over the partitions by event time
+ * (see [[StreamingLayout.timeSliceMs]]). NULL for a NULL time.
+ */
+final case class TimeSliceNumber(child: Expression, widthMs: Long) extends UnaryExpression {
+  require(widthMs > 0, "a time slice is at least 1 ms wide")
+  override def dataType: DataType = LongType
+  override def prettyName: String = "umjoin_time_slice_number"
+  override def toString: String = s"$prettyName($child, $widthMs ms)"
+  override def sql: String = s"$prettyName(${child.sql}, $widthMs)"
+  override protected def nullSafeEval(time: Any): Any = Math.floorDiv(time.asInstanceOf[Long], widthMs * 1000L)
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode =
+    defineCodeGen(ctx, ev, t => s"java.lang.Math.floorDiv($t, ${widthMs * 1000L}L)")
+  override protected def withNewChildInternal(newChild: Expression): TimeSliceNumber = copy(child = newChild)
 }
 
 object TimeSlice {
@@ -46,7 +65,7 @@ object TimeSlice {
  * time range, a band (`a.price BETWEEN b.low AND b.high`) or any other condition is given the key
  * `umjoin_time_slice(left time) = umjoin_time_slice(right time)` over each side's event-time column,
  * so Spark plans its stream-stream join, keyed by the slice, and a streaming UMJoin takes the
- * group. Only where both sides' rows are evicted (each side's event time bounded by the other's
+ * group (and spreads its state over the partitions by time slice: [[StreamingLayout.timeSliceMs]]). Only where both sides' rows are evicted (each side's event time bounded by the other's
  * in the condition, both with watermarks): otherwise the state would grow forever, and the join is
  * refused with what is missing. An optimizer rule after Spark's operator optimizations (a pre-CBO
  * rule), which would fold the slice equality away.
