@@ -202,7 +202,9 @@ object StreamingLayout {
     val sliced = (0 until n).map { i =>
       val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall(_._2.isInstanceOf[TimeSlice]))
       // A slice per partition over the event times a row's matches span (at least 1 ms): the state is spread about evenly.
-      if (!onSlices || kinds(i) != InputKind.Stream || partitions < 2) None else timeSpanMs(i).map(span => (span / partitions).max(1L))
+      // (Only in groups of inner joins: outer and semi joins' waiting combinations are placed by their keys, untested with slices.)
+      val inner = graph.outer.isEmpty && graph.filters.isEmpty
+      if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None else timeSpanMs(i).map(span => (span / partitions).max(1L))
     }
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>
