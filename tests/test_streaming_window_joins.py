@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import math
 import random
 from pathlib import Path
 
@@ -32,13 +33,14 @@ def columns(name: str) -> str:
     return f"{name}_k BIGINT, {name}_p BIGINT, {name}_ts TIMESTAMP"
 
 
-def random_rows(rng: random.Random) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
-    """Per stream, 15-30 rows over 30 minutes of event time, in arrival order: out of order by up to 6 minutes."""
+def random_rows(rng: random.Random, names: tuple[str, ...] = NAMES) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    """Per stream, 15-30 rows over 30 minutes of event time on a 30-second grid (equal times, and rows exactly
+    5 minutes apart: on a window's bound), in arrival order: out of order by up to 6 minutes."""
     streams = {}
-    for name in NAMES:
+    for name in names:
         arrivals = []
         for _ in range(rng.randint(15, 30)):
-            at = BASE + datetime.timedelta(minutes=rng.uniform(0, 30), seconds=rng.randrange(60))
+            at = BASE + datetime.timedelta(seconds=30 * rng.randrange(60))
             arrivals.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (rng.randrange(3), rng.randrange(100), at)))
         streams[name] = [row for _, row in sorted(arrivals)]
     return streams
@@ -85,6 +87,30 @@ def nested_loop(streams: dict[str, list[tuple]], keyed: bool) -> list[tuple]:  #
     return sorted(out)
 
 
+def chain_query(spark: SparkSession, directory: Path, names: list[str]) -> DataFrame:
+    """Each stream joined with the one before: within 5 minutes of it, and its price within 25 of it (odd
+    positions) or above it less 10 (even positions): no equality anywhere."""
+    joined = stream(spark, directory / names[0], columns(names[0])).withWatermark(f"{names[0]}_ts", "10 minutes")
+    for before, name in zip(names, names[1:]):
+        side = stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", "10 minutes")
+        near = F.col(f"{name}_ts").between(F.col(f"{before}_ts") - F.expr("interval 5 minutes"), F.col(f"{before}_ts") + F.expr("interval 5 minutes"))
+        odd = names.index(name) % 2
+        prices = F.abs(F.col(f"{name}_p") - F.col(f"{before}_p")) < 25 if odd else F.col(f"{name}_p") > F.col(f"{before}_p") - 10
+        joined = joined.join(side, near & prices).withMetadata(f"{before}_ts", {})  # (one event-time column per side)
+    return joined
+
+
+def chain_nested_loop(streams: dict[str, list[tuple]], names: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+    """`chain_query`'s result over all rows: every row of each stream tested with every partial combination before it."""
+    partial = [tuple(row) for row in streams[names[0]]]
+    for position, name in enumerate(names[1:], start=1):
+        def matches(before: tuple, row: tuple) -> bool:  # type: ignore[type-arg]
+            prices = abs(row[1] - before[1]) < 25 if position % 2 else row[1] > before[1] - 10
+            return abs(row[2] - before[2]) <= NEAR and prices
+        partial = [(*combination, *row) for combination in partial for row in streams[name] if matches(combination[-3:], row)]
+    return sorted(partial)
+
+
 def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_equals_a_nested_loop(
         spark: SparkSession, tmp_path: Path) -> None:
     streams = random_rows(random.Random(7))
@@ -103,27 +129,32 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
     assert 5 <= len(expected) < len(streams["a"]) * len(streams["b"])  # (the conditions drop most combinations, not all)
 
 
-def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("streams", "slice_counts"), [(2, (1, 4)), (3, (1, 2, 3, 5, 8)), (5, (1, 6))])
+def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(
+        spark: SparkSession, tmp_path: Path, streams: int, slice_counts: tuple[int, ...]) -> None:
     """Paper 004's property: for any number of slices (here one per state partition, 1 to 8) the result is the
     nested loop's, and the rows stored over all slices are the same rows, none kept twice."""
-    streams = random_rows(random.Random(11))
-    write_in_batches(tmp_path, streams, None)
-    expected = nested_loop(streams, keyed=False)
+    names = [f"s{i}" for i in range(streams)]
+    rows = random_rows(random.Random(10 + streams), tuple(names))
+    write_in_batches(tmp_path, rows, None)
+    expected = chain_nested_loop(rows, names)
+    assert expected and len(expected) < math.prod(len(r) for r in rows.values())  # (the conditions drop combinations, not all)
     stored_by_count = {}
-    for partitions in (1, 2, 3, 5, 8):
-        with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions)}):
-            query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / f"ck{partitions}", tmp_path / f"out{partitions}")
+    for partitions in slice_counts:
+        with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.minInputs": "2"}):
+            query, emitted = run_by_batch(chain_query(spark, tmp_path, names), tmp_path / f"ck{partitions}", tmp_path / f"out{partitions}")
         assert sorted(row for row, batches in emitted.items() for _ in batches) == expected, partitions
         plan = executed_plan(query)
-        assert plan.count("hashpartitioning(umjoin_time_slice_number(") == (3 if partitions > 1 else 0), plan
+        assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+        assert plan.count("hashpartitioning(umjoin_time_slice_number(") == (streams if partitions > 1 else 0), plan
         stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), 0))  # type: ignore[union-attr]
-        rows = {(s["store"], s["partition"]): s["rows"] for s in stores if "-index-" not in s["store"]}
-        stored_by_count[partitions] = {name: sum(r for (n, _), r in rows.items() if n == name) for name, _ in rows}
-        holding = {name: sum(1 for (n, _), r in rows.items() if n == name and r > 0) for name, _ in rows}
-        # (Slices are hash-partitioned: about three slices per partition here, not always one in each.)
-        assert all(held >= min(partitions, 2) for held in holding.values()), (partitions, rows)
+        held = {(s["store"], s["partition"]): s["rows"] for s in stores if "-index-" not in s["store"]}
+        stored_by_count[partitions] = {name: sum(r for (n, _), r in held.items() if n == name) for name, _ in held}
+        # (Slices are hash-partitioned: a few slices per partition here, not always one in each.)
+        holding = {name: sum(1 for (n, _), r in held.items() if n == name and r > 0) for name, _ in held}
+        assert all(count >= min(partitions, 2) for count in holding.values()), (partitions, held)
     # Every stream's rows once, in whichever slices: all of them (one micro-batch: nothing evicted yet).
-    assert all(stored == {f"umjoin-input-{i}": len(streams[n]) for i, n in enumerate(NAMES)} for stored in stored_by_count.values()), stored_by_count
+    assert all(stored == {f"umjoin-input-{i}": len(rows[n]) for i, n in enumerate(names)} for stored in stored_by_count.values()), stored_by_count
 
 
 @pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
@@ -153,8 +184,7 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
     assert executed_plan(spark_joins).count("StreamingSymmetricHashJoin [umjoin_time_slice(") == (1 if keyed else 2)
     assert on == off  # the same rows, each put out in the same micro-batch
     everything = nested_loop(streams, keyed)
-    assert 0 < len(on) < len(everything)  # matches come out; those of the rows a day late do not
-    assert set(on) <= set(everything)
+    assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
 
 
 def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:
