@@ -16,7 +16,7 @@ BENCH_MEMORY_SF ?= 1
 BENCH_ENRICHMENT_SF ?= 0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-enrichment bench-static bench-probe-order clean
+.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-enrichment bench-static bench-psp bench-probe-order clean
 
 venv: $(INSTALLED)
 
@@ -75,6 +75,12 @@ bench-streaming: build testkit
 bench-enrichment: build testkit
 	$(PY) -m pip install --quiet -e '.[dev,bench,peers]'
 	$(PY) -m bench streaming --sf $(BENCH_ENRICHMENT_SF) --workload enrichment --out bench/results
+
+# Paper 004's setting: a 3-way window join without an equi-join key (a similarity UDF), UMJoin with 1, 2,
+# 4, 8 time slices against a foreachBatch that keeps the windows and joins them by hand.
+bench-psp: build testkit
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m bench psp --out bench/results
 
 # Paper 003's setting: orders as a stream joined with customer and nation as static tables, Zipf skew
 # 0, 0.5, 1; Spark's stream-static join against UMJoin's stored customer with each cache mode.

@@ -1,4 +1,4 @@
-"""`python -m bench tpch|memory|streaming|static|probe-order`: the benchmarks (run from the repository's root)."""
+"""`python -m bench tpch|memory|streaming|static|psp|probe-order`: the benchmarks (run from the repository's root)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     static.add_argument("--batches", type=whole_number, default=20, help="micro-batches the orders are cut into (default 20)")
     static.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
+    psp = commands.add_parser("psp", parents=[data], help="paper 004's setting: a 3-way window join without an equi-join key "
+                              "(a similarity UDF), UMJoin with 1, 2, 4, 8 time slices against a foreachBatch that joins by hand")
+    psp.add_argument("--rows", type=whole_number, default=1200, help="rows per stream (default 1200)")
+    psp.add_argument("--per-second", type=whole_number, default=2, help="rows per second of event time (default 2)")
+    psp.add_argument("--batches", type=whole_number, default=20, help="micro-batches the streams are cut into (default 20)")
+    psp.add_argument("--dim", type=whole_number, default=256, help="floats per row's vector (default 256)")
+    psp.add_argument("--out", type=Path, default=RESULTS, help="output directory")
+
     order = commands.add_parser("probe-order", parents=[data], help="paper 001's probe-order experiments: 24 initial orders x policies, T and L sweeps")
     order.add_argument("--sf", type=positive_number, default=1.0, help="TPC-DS scale factor (default 1)")
     order.add_argument("--backend", choices=("memory", "rocksdb"), default="memory", help="the stores (default memory)")
@@ -98,6 +106,10 @@ def _run(args: argparse.Namespace) -> None:
         from bench.static import run_static_bench
 
         run_static_bench(args.sf, args.batches, args.out)
+    elif args.command == "psp":
+        from bench.psp import run_psp_bench
+
+        run_psp_bench(args.out, args.rows, args.per_second, args.batches, args.dim)
     elif args.command == "probe-order":
         from bench.probe_order import run_probe_order_bench
 

@@ -98,7 +98,7 @@ case class StreamingUMJoinExec(
   private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
-    StreamingUMJoinExec.placement(layout, joinGraph, j) match {
+    StreamingUMJoinExec.placement(layout, joinGraph, j, getStateInfo.numPartitions) match {
       case Some(key) => StatefulOpClusteredDistribution(Seq(key), getStateInfo.numPartitions)
       case None => BroadcastDistribution(IdentityBroadcastMode)
     }
@@ -323,7 +323,7 @@ case class StreamingUMJoinExec(
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
           }
-          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i).get}" +
+          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i, getStateInfo.numPartitions).get}" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
       s"#$i ${inputLabels(i)} ($placement)"
@@ -346,12 +346,12 @@ case class StreamingUMJoinExec(
 object StreamingUMJoinExec {
 
   /**
-   * What input j's rows are hash-partitioned by (None: broadcast): its key for the class it is
-   * partitioned on, or, for a store spread by time slice, the number of its event time's slice.
+   * What input j's rows are hash-partitioned by into `partitions` (None: broadcast): its key for the
+   * class it is partitioned on, or, for a store spread by time slice, its event time's slice's place on the ring.
    */
-  def placement(layout: StreamingLayout, graph: JoinGraph, j: Int): Option[Expression] =
+  def placement(layout: StreamingLayout, graph: JoinGraph, j: Int, partitions: Int): Option[Expression] =
     layout.partitionClass(j).map(c => graph.classes(c).keyOf(j).get).map {
-      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceNumber(time, layout.timeSliceMs(j).get)
+      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSliceMs(j).get, partitions)
       case key => key
     }
 

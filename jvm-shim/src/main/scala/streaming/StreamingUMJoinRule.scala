@@ -521,7 +521,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       joins.foldLeft(input) { case (child, (j, shift)) => StreamingUMJoinMemberExec(j.stateInfo, shift, child) }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
       val marked = if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
-      StreamingUMJoinExec.placement(layout, plan.graph, j) match {
+      StreamingUMJoinExec.placement(layout, plan.graph, j, partitions) match {
         case Some(key) =>
           val placed = partitionedBy(marked, key, partitions)
           plan.watermarks.filter(_.carrier == j).fold(placed)(w => throughReplaced(placed, w.chain))

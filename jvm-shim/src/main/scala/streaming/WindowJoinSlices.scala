@@ -11,6 +11,7 @@ import org.apache.spark.sql.catalyst.plans.Inner
 import org.apache.spark.sql.catalyst.plans.logical.{Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.types.{DataType, IntegerType, LongType, Metadata}
+import org.apache.spark.unsafe.hash.Murmur3_x86_32
 
 import umjoin.spark.UMJoinConf
 
@@ -19,7 +20,7 @@ import umjoin.spark.UMJoinConf
  * 0 for every row (NULL event times too), so a join on it pairs every row with every row and its
  * time range and other conditions decide. Spark's join keeps all its state in one partition; a
  * streaming UMJoin spreads a stream keyed by it over the partitions by time slice
- * ([[TimeSliceNumber]]) and probes it in all of them. Never folded: the optimizer would turn an
+ * ([[TimeSliceRing]]) and probes it in all of them. Never folded: the optimizer would turn an
  * equality of two constants into `true`.
  */
 final case class TimeSlice(child: Expression) extends UnaryExpression {
@@ -34,20 +35,44 @@ final case class TimeSlice(child: Expression) extends UnaryExpression {
 }
 
 /**
- * The number of the time slice `child` (an event time) falls in, slices of `widthMs` from the epoch:
- * where a stream's stored row is kept when its state is spread over the partitions by event time
- * (see [[StreamingLayout.timeSliceMs]]). NULL for a NULL time.
+ * Where a stream's stored row is kept when its state is spread over the partitions by event time
+ * (see [[StreamingLayout.timeSliceMs]]): its event time `child` falls in slice s (slices of
+ * `widthMs` from the epoch), and slice s goes to partition s mod `partitions`, a ring, so that any
+ * `partitions` consecutive slices are one in each partition. The value is a key that Spark's hash
+ * partitioning (Murmur3, seed 42, into `partitions`) puts there: the smallest such key per
+ * partition, found once. NULL for a NULL time.
  */
-final case class TimeSliceNumber(child: Expression, widthMs: Long) extends UnaryExpression {
-  require(widthMs > 0, "a time slice is at least 1 ms wide")
+final case class TimeSliceRing(child: Expression, widthMs: Long, partitions: Int) extends UnaryExpression {
+  require(widthMs > 0 && partitions > 0, "a time slice is at least 1 ms wide, over at least one partition")
   override def dataType: DataType = LongType
-  override def prettyName: String = "umjoin_time_slice_number"
-  override def toString: String = s"$prettyName($child, $widthMs ms)"
-  override def sql: String = s"$prettyName(${child.sql}, $widthMs)"
-  override protected def nullSafeEval(time: Any): Any = Math.floorDiv(time.asInstanceOf[Long], widthMs * 1000L)
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode =
-    defineCodeGen(ctx, ev, t => s"java.lang.Math.floorDiv($t, ${widthMs * 1000L}L)")
-  override protected def withNewChildInternal(newChild: Expression): TimeSliceNumber = copy(child = newChild)
+  override def prettyName: String = "umjoin_time_slice_ring"
+  override def toString: String = s"$prettyName($child, $widthMs ms, $partitions partitions)"
+  override def sql: String = s"$prettyName(${child.sql}, $widthMs, $partitions)"
+
+  /** Per partition, a key Spark's hash partitioning puts in it. */
+  @transient private lazy val keys: Array[Long] = {
+    val found = Array.fill(partitions)(-1L)
+    var key = 0L
+    while (found.contains(-1L)) {
+      val partition = Math.floorMod(Murmur3_x86_32.hashLong(key, TimeSliceRing.HashSeed), partitions)
+      if (found(partition) < 0) found(partition) = key
+      key += 1
+    }
+    found
+  }
+
+  override protected def nullSafeEval(time: Any): Any =
+    keys(Math.floorMod(Math.floorDiv(time.asInstanceOf[Long], widthMs * 1000L), partitions.toLong).toInt)
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
+    val table = ctx.addReferenceObj("sliceKeys", keys, "long[]")
+    defineCodeGen(ctx, ev, t => s"$table[(int) java.lang.Math.floorMod(java.lang.Math.floorDiv($t, ${widthMs * 1000L}L), ${partitions}L)]")
+  }
+  override protected def withNewChildInternal(newChild: Expression): TimeSliceRing = copy(child = newChild)
+}
+
+object TimeSliceRing {
+  /** The seed of the Murmur3 hash Spark's HashPartitioning places rows by. */
+  val HashSeed = 42
 }
 
 object TimeSlice {

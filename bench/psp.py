@@ -1,0 +1,187 @@
+"""`python -m bench psp` (make bench-psp): paper 004's setting, a multi-way window join without an equi-join
+key, in Structured Streaming. Not a test: it prints and writes what it measured.
+
+Three streams a, b, c (`--rows` rows each, `--per-second` a second of event time, each row a vector
+of `--dim` random floats), cut into `--batches` files in event-time order. The join: b within 10 s of a; c within
+10 s of b and similar to a (a Python UDF: the dot product of the two vectors above a threshold). Spark
+refuses it ("Stream-stream join without equality predicate is not supported"). Runs, each in a JVM of
+its own: UMJoin with 1, 2, 4 and 8 state partitions (the streams' state spread over them by time
+slice; one partition is one slice), and what a Spark user can do today: a `foreachBatch` over the
+three streams' union that keeps each stream's window in memory and joins, every micro-batch, the
+windows with the new rows (the combinations with at least one new row: the delta rule by hand). Per
+run: total time, median and largest micro-batch, output rows (equal in every run), predicate calls
+(the UDF's, counted by an accumulator), state rows per partition at the middle micro-batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SLICE_COUNTS", "run_psp_bench"]
+
+SLICE_COUNTS = (1, 2, 4, 8)
+NAMES = ("a", "b", "c")
+WINDOW_SECONDS = 10
+#: The dot product a similar pair must exceed (a few pairs in a hundred of random vectors of 256 floats in [-1, 1]).
+THRESHOLD = 8.0
+
+
+def write_streams(directory: Path, rows: int, per_second: int, batches: int, dim: int, seed: int = 4) -> None:
+    """Each stream's rows (`per_second` rows a second of event time, at random within it; a random vector) as one
+    Parquet file per micro-batch, in event-time order, dated in batch order (the order a file source reads them)."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"SELECT setseed({1 / (seed + 1)})")
+    per = -(-rows // batches)
+    for name in NAMES:
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        for b in range(batches):
+            path = directory / name / f"batch-{b:04d}.parquet"
+            con.execute(f"""COPY (SELECT i AS {name}_id, i // {per_second} + random() AS {name}_seconds,
+                                list_transform(range({dim}), x -> random() * 2 - 1) AS {name}_vec
+                         FROM range({b * per}, {min(rows, (b + 1) * per)}) t(i)) TO '{path}' (FORMAT parquet)""")
+            os.utime(path, (1_000_000 + b, 1_000_000 + b))
+    con.close()
+
+
+def _similar(x: list[float], y: list[float]) -> bool:
+    return sum(p * q for p, q in zip(x, y)) > THRESHOLD
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run in this process's JVM."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    from bench import peak_rss_bytes, with_testkit
+    from umjoin.local import local_builder
+
+    partitions = spec["partitions"]
+    spark = with_testkit(local_builder("umjoin-bench-psp", shuffle_partitions=partitions, driver_memory="4g")).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    calls = spark.sparkContext.accumulator(0)
+
+    def similar(x: list[float], y: list[float]) -> bool:
+        calls.add(1)
+        return _similar(x, y)
+
+    similar_udf = F.udf(similar, BooleanType())
+    directory = Path(spec["streams"])
+
+    def source(name: str) -> DataFrame:
+        schema = f"{name}_id BIGINT, {name}_seconds DOUBLE, {name}_vec ARRAY<DOUBLE>"
+        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory / name))
+        return df.withColumn(f"{name}_ts", F.timestamp_seconds(f"{name}_seconds")).drop(f"{name}_seconds")
+
+    def near(x: str, y: str):  # type: ignore[no-untyped-def]
+        return F.col(x).between(F.col(y) - F.expr(f"interval {WINDOW_SECONDS} seconds"), F.col(y) + F.expr(f"interval {WINDOW_SECONDS} seconds"))
+
+    started = time.time()
+    if spec["run"] == "umjoin":
+        w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES}
+        ab = w["a"].join(w["b"], near("b_ts", "a_ts")).withMetadata("a_ts", {})
+        joined = ab.join(w["c"], near("c_ts", "b_ts") & similar_udf("a_vec", "c_vec")).select("a_id", "b_id", "c_id")
+        query = joined.writeStream.format("memory").queryName("psp").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+        query.awaitTermination()
+        output = spark.table("psp").count()
+        middle = query.recentProgress[len(query.recentProgress) // 2]["batchId"]
+        stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), middle))  # type: ignore[union-attr]
+        per_partition = [sum(s["rows"] for s in stores if s["partition"] == p and "-index-" not in s["store"]) for p in range(partitions)]
+        plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
+        sliced = "umjoin_time_slice_ring(" in plan
+    else:
+        windows: dict[str, DataFrame] = {}
+        counted = [0]
+
+        def join_with_windows(batch: DataFrame, batch_id: int) -> None:
+            """The combinations with at least one new row: each stream's window so far, plus its new rows, flagged."""
+            sides = {}
+            for n in NAMES:
+                new = batch.where(F.col("src") == n).select(F.col("id").alias(f"{n}_id"), F.col("ts").alias(f"{n}_ts"),
+                                                              F.col("vec").alias(f"{n}_vec"), F.lit(True).alias(f"{n}_new"))
+                sides[n] = new if n not in windows else windows[n].unionByName(new)
+                sides[n] = sides[n].localCheckpoint()
+            ab = sides["a"].join(sides["b"], near("b_ts", "a_ts"))
+            abc = ab.join(sides["c"], near("c_ts", "b_ts") & (F.col("a_new") | F.col("b_new") | F.col("c_new")))
+            counted[0] += abc.where(similar_udf("a_vec", "c_vec")).count()
+            newest = batch.agg(F.max("ts")).first()[0]
+            for n in NAMES:  # Rows more than two windows before the newest can join no later row (no row is late here).
+                kept = sides[n].withColumn(f"{n}_new", F.lit(False))
+                windows[n] = (kept.where(F.col(f"{n}_ts") >= F.lit(newest) - F.expr(f"interval {2 * WINDOW_SECONDS} seconds")) if newest else kept).localCheckpoint()
+
+        union = None
+        for n in NAMES:
+            frame = source(n).select(F.lit(n).alias("src"), F.col(f"{n}_id").alias("id"), F.col(f"{n}_ts").alias("ts"), F.col(f"{n}_vec").alias("vec"))
+            union = frame if union is None else union.unionByName(frame)
+        assert union is not None
+        query = union.writeStream.foreachBatch(join_with_windows).option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+        query.awaitTermination()
+        output = counted[0]
+        per_partition = [sum(windows[n].count() for n in NAMES)]
+        sliced = False
+    seconds = time.time() - started
+    durations = [p["durationMs"]["triggerExecution"] for p in query.recentProgress]
+    return {"seconds": seconds, "output_rows": output, "predicate_calls": calls.value, "batch_ms": durations,
+            "state_rows_per_partition": per_partition, "sliced": sliced, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
+
+
+def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        done = subprocess.run([sys.executable, "-m", "bench.psp", json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"bench-psp run {spec['name']} failed: " + " | ".join(err.read().strip().splitlines()[-3:]))
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    result: dict[str, Any] = {"run": spec["name"], "partitions": spec["partitions"], **json.loads(lines[-1])}
+    result["median_batch_ms"] = statistics.median(result["batch_ms"])
+    print(f"{spec['name']:>22}: {result['seconds']:.1f} s, median batch {result['median_batch_ms']:.0f} ms, largest "
+          f"{max(result['batch_ms'])} ms, output {result['output_rows']}, predicate calls {result['predicate_calls']}, "
+          f"state rows per partition {result['state_rows_per_partition']}", flush=True)
+    return result
+
+
+def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int) -> Path:
+    """Runs the foreachBatch baseline and UMJoin with each slice count; writes psp.md and psp.json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-") as scratch:
+        streams = Path(scratch) / "streams"
+        write_streams(streams, rows, per_second, batches, dim)
+        base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint")}
+        runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2})]
+        runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n}) for n in SLICE_COUNTS]
+    one = runs[1]
+    (out / "psp.json").write_text(json.dumps({"rows": rows, "per_second": per_second, "batches": batches, "dim": dim, "window_seconds": WINDOW_SECONDS,
+                                              "threshold": THRESHOLD, "runs": runs}, indent=1) + "\n")
+    lines = ["# A window join without an equi-join key (paper 004's setting)", "",
+             f"`python -m bench psp --rows {rows} --per-second {per_second} --batches {batches} --dim {dim}`: streams a, b, c of {rows} rows "
+             f"each ({per_second} a second of event time, each with a vector of {dim} floats), {batches} micro-batches; b within {WINDOW_SECONDS} s of a, c within {WINDOW_SECONDS} s of b "
+             f"and similar to a (a Python UDF: dot product above {THRESHOLD}). One JVM per run, local[2]. Ratios: against UMJoin with one slice.", "",
+             "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms | largest batch ms | output rows | predicate calls | state rows per partition (middle batch) | peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['seconds'] / one['seconds']:.2f} | {3 * rows / r['seconds']:.0f} | "
+                     f"{r['median_batch_ms']:.0f} | {max(r['batch_ms'])} | {r['output_rows']} | {r['predicate_calls']} | "
+                     f"{', '.join(map(str, r['state_rows_per_partition']))} | {r['peak_rss'] / 2**20:.0f} MB |")
+    equal = len({r["output_rows"] for r in runs}) == 1
+    lines += ["", f"Output rows equal in every run: {'yes' if equal else 'NO'}. The foreachBatch keeps each stream's rows of the last "
+              f"{2 * WINDOW_SECONDS} s (its state column: the rows it holds after the last batch)."]
+    (out / "psp.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out / "psp.md"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_worker(json.loads(sys.argv[1]))))
