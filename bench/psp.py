@@ -1,16 +1,17 @@
 """`python -m bench psp` (make bench-psp): paper 004's setting, a multi-way window join without an equi-join
 key, in Structured Streaming. Not a test: it prints and writes what it measured.
 
-Three streams a, b, c (`--rows` rows each, `--per-second` a second of event time, each row a vector
-of `--dim` random floats), cut into `--batches` files in event-time order. The join: b within 10 s of a; c within
-10 s of b and similar to a (a Python UDF: the dot product of the two vectors above a threshold). Spark
-refuses it ("Stream-stream join without equality predicate is not supported"). Runs, each in a JVM of
-its own: UMJoin with 1, 2, 4 and 8 state partitions (the streams' state spread over them by time
-slice; one partition is one slice), and what a Spark user can do today: a `foreachBatch` over the
-three streams' union that keeps each stream's window in memory and joins, every micro-batch, the
-windows with the new rows (the combinations with at least one new row: the delta rule by hand). Per
-run: total time, median and largest micro-batch, output rows (equal in every run), predicate calls
-(the UDF's, counted by an accumulator), state rows per partition at the middle micro-batch.
+Three streams a, b, c (`--rows` rows each, `--per-second` a second of event time, each row a vector of
+`--dim` random floats), cut into `--batches` files in event-time order. The join: b within 10 s of a;
+c within 10 s of b and similar to a (the dot product of the two vectors above a threshold: a Python
+UDF, then a SQL expression). Spark refuses it ("Stream-stream join without equality predicate is not
+supported"). Runs, each in a JVM of its own: UMJoin with 1, 2, 4 and 8 state partitions (the
+streams' state spread over them by time slice; one partition is one slice), and what a Spark user
+can do today: a `foreachBatch` over the three streams' union that keeps each stream's window and
+joins, every micro-batch, the windows with the new rows (the combinations with at least one new row:
+the delta rule by hand). Per run: total time, median and largest micro-batch, output rows (equal in
+every run), predicate calls (the Python UDF's, counted by an accumulator), state rows per partition
+at the middle micro-batch, peak RSS.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SLICE_COUNTS", "run_psp_bench"]
+__all__ = ["PREDICATES", "SLICE_COUNTS", "run_psp_bench"]
 
 SLICE_COUNTS = (1, 2, 4, 8)
 NAMES = ("a", "b", "c")
 WINDOW_SECONDS = 10
+#: How the similarity is computed: a Python UDF (Spark evaluates it above the join, in Python workers), or the same
+#: dot product as a SQL expression (higher-order functions over the arrays, evaluated inside the join, in the JVM).
+PREDICATES = ("python", "sql")
 #: The dot product a similar pair must exceed (a few pairs in a hundred of random vectors of 256 floats in [-1, 1]).
 THRESHOLD = 8.0
 
@@ -76,6 +80,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         return _similar(x, y)
 
     similar_udf = F.udf(similar, BooleanType())
+
+    def similarity(x: str, y: str):  # type: ignore[no-untyped-def]
+        if spec["predicate"] == "python":
+            return similar_udf(x, y)
+        return F.expr(f"aggregate(zip_with({x}, {y}, (p, q) -> p * q), 0D, (total, v) -> total + v) > {THRESHOLD}")
     directory = Path(spec["streams"])
 
     def source(name: str) -> DataFrame:
@@ -90,7 +99,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["run"] == "umjoin":
         w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES}
         ab = w["a"].join(w["b"], near("b_ts", "a_ts")).withMetadata("a_ts", {})
-        joined = ab.join(w["c"], near("c_ts", "b_ts") & similar_udf("a_vec", "c_vec")).select("a_id", "b_id", "c_id")
+        joined = ab.join(w["c"], near("c_ts", "b_ts") & similarity("a_vec", "c_vec")).select("a_id", "b_id", "c_id")
         query = joined.writeStream.format("memory").queryName("psp").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
         query.awaitTermination()
         output = spark.table("psp").count()
@@ -113,7 +122,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                 sides[n] = sides[n].localCheckpoint()
             ab = sides["a"].join(sides["b"], near("b_ts", "a_ts"))
             abc = ab.join(sides["c"], near("c_ts", "b_ts") & (F.col("a_new") | F.col("b_new") | F.col("c_new")))
-            counted[0] += abc.where(similar_udf("a_vec", "c_vec")).count()
+            counted[0] += abc.where(similarity("a_vec", "c_vec")).count()
             newest = batch.agg(F.max("ts")).first()[0]
             for n in NAMES:  # Rows more than two windows before the newest can join no later row (no row is late here).
                 kept = sides[n].withColumn(f"{n}_new", F.lit(False))
@@ -131,7 +140,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         sliced = False
     seconds = time.time() - started
     durations = [p["durationMs"]["triggerExecution"] for p in query.recentProgress]
-    return {"seconds": seconds, "output_rows": output, "predicate_calls": calls.value, "batch_ms": durations,
+    return {"seconds": seconds, "output_rows": output, "predicate_calls": calls.value if spec["predicate"] == "python" else None, "batch_ms": durations,
             "state_rows_per_partition": per_partition, "sliced": sliced, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
 
 
@@ -145,39 +154,49 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"bench-psp run {spec['name']} failed: " + " | ".join(err.read().strip().splitlines()[-3:]))
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result: dict[str, Any] = {"run": spec["name"], "partitions": spec["partitions"], **json.loads(lines[-1])}
+    result: dict[str, Any] = {"run": spec["name"], "predicate": spec["predicate"], "partitions": spec["partitions"], **json.loads(lines[-1])}
     result["median_batch_ms"] = statistics.median(result["batch_ms"])
-    print(f"{spec['name']:>22}: {result['seconds']:.1f} s, median batch {result['median_batch_ms']:.0f} ms, largest "
+    print(f"{spec['predicate']:>6} {spec['name']:>22}: {result['seconds']:.1f} s, median batch {result['median_batch_ms']:.0f} ms, largest "
           f"{max(result['batch_ms'])} ms, output {result['output_rows']}, predicate calls {result['predicate_calls']}, "
           f"state rows per partition {result['state_rows_per_partition']}", flush=True)
     return result
 
 
 def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int) -> Path:
-    """Runs the foreachBatch baseline and UMJoin with each slice count; writes psp.md and psp.json into `out`."""
+    """Runs, per predicate, the foreachBatch baseline and UMJoin with each slice count; writes psp.md and psp.json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
+    results = []
     with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-") as scratch:
         streams = Path(scratch) / "streams"
         write_streams(streams, rows, per_second, batches, dim)
-        base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint")}
-        runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2})]
-        runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n}) for n in SLICE_COUNTS]
-    one = runs[1]
-    (out / "psp.json").write_text(json.dumps({"rows": rows, "per_second": per_second, "batches": batches, "dim": dim, "window_seconds": WINDOW_SECONDS,
-                                              "threshold": THRESHOLD, "runs": runs}, indent=1) + "\n")
+        for predicate in PREDICATES:
+            base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint"), "predicate": predicate}
+            runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2})]
+            runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n}) for n in SLICE_COUNTS]
+            results.append({"predicate": predicate, "runs": runs})
+    (out / "psp.json").write_text(json.dumps({"rows": rows, "per_second": per_second, "batches": batches, "dim": dim,
+                                              "window_seconds": WINDOW_SECONDS, "threshold": THRESHOLD, "results": results}, indent=1) + "\n")
     lines = ["# A window join without an equi-join key (paper 004's setting)", "",
              f"`python -m bench psp --rows {rows} --per-second {per_second} --batches {batches} --dim {dim}`: streams a, b, c of {rows} rows "
-             f"each ({per_second} a second of event time, each with a vector of {dim} floats), {batches} micro-batches; b within {WINDOW_SECONDS} s of a, c within {WINDOW_SECONDS} s of b "
-             f"and similar to a (a Python UDF: dot product above {THRESHOLD}). One JVM per run, local[2]. Ratios: against UMJoin with one slice.", "",
-             "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms | largest batch ms | output rows | predicate calls | state rows per partition (middle batch) | peak RSS |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['seconds'] / one['seconds']:.2f} | {3 * rows / r['seconds']:.0f} | "
-                     f"{r['median_batch_ms']:.0f} | {max(r['batch_ms'])} | {r['output_rows']} | {r['predicate_calls']} | "
-                     f"{', '.join(map(str, r['state_rows_per_partition']))} | {r['peak_rss'] / 2**20:.0f} MB |")
-    equal = len({r["output_rows"] for r in runs}) == 1
-    lines += ["", f"Output rows equal in every run: {'yes' if equal else 'NO'}. The foreachBatch keeps each stream's rows of the last "
-              f"{2 * WINDOW_SECONDS} s (its state column: the rows it holds after the last batch)."]
+             f"each ({per_second} a second of event time, each with a vector of {dim} floats), {batches} micro-batches; b within "
+             f"{WINDOW_SECONDS} s of a, c within {WINDOW_SECONDS} s of b and similar to a (dot product above {THRESHOLD}): as a Python UDF "
+             "(evaluated by Spark above the join, in Python workers) and as a SQL expression (evaluated in the join). One JVM per run, "
+             "local[2]. Ratios: against UMJoin with one slice. The foreachBatch's state: the rows it holds after the last batch (each "
+             f"stream's last {2 * WINDOW_SECONDS} s).", ""]
+    for result in results:
+        runs = result["runs"]
+        one = runs[1]
+        lines += [f"Similarity as {'a Python UDF' if result['predicate'] == 'python' else 'a SQL expression'}:", "",
+                  "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms | largest batch ms | output rows | predicate calls | state rows per partition (middle batch) | peak RSS |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in runs:
+            calls = r["predicate_calls"] if r["predicate_calls"] is not None else "not counted"
+            lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['seconds'] / one['seconds']:.2f} | {3 * rows / r['seconds']:.0f} | "
+                         f"{r['median_batch_ms']:.0f} | {max(r['batch_ms'])} | {r['output_rows']} | {calls} | "
+                         f"{', '.join(map(str, r['state_rows_per_partition']))} | {r['peak_rss'] / 2**20:.0f} MB |")
+        lines.append("")
+    equal = len({r["output_rows"] for result in results for r in result["runs"]}) == 1
+    lines.append(f"Output rows equal in every run: {'yes' if equal else 'NO'}.")
     (out / "psp.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out / "psp.md"
