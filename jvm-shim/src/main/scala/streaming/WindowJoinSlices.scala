@@ -90,10 +90,11 @@ object TimeSlice {
  * time range, a band (`a.price BETWEEN b.low AND b.high`) or any other condition is given the key
  * `umjoin_time_slice(left time) = umjoin_time_slice(right time)` over each side's event-time column,
  * so Spark plans its stream-stream join, keyed by the slice, and a streaming UMJoin takes the
- * group (and spreads its state over the partitions by time slice: [[StreamingLayout.timeSliceMs]]). Only where both sides' rows are evicted (each side's event time bounded by the other's
- * in the condition, both with watermarks): otherwise the state would grow forever, and the join is
+ * group (and spreads its state over the partitions by time slice: [[StreamingLayout.timeSliceMs]]).
+ * Only where both sides' rows are evicted (each side's event time bounded by the other's in the
+ * condition, both with watermarks): otherwise the state would grow forever, and the join is
  * refused with what is missing. An optimizer rule after Spark's operator optimizations (a pre-CBO
- * rule), which would fold the slice equality away.
+ * rule): those would fold the slice equality away.
  */
 object WindowJoinSlices extends Rule[LogicalPlan] {
   override def apply(plan: LogicalPlan): LogicalPlan =
@@ -120,7 +121,7 @@ object WindowJoinSlices extends Rule[LogicalPlan] {
     }.orElse(sides.collectFirst {
       case (side, other, name) if eventTimeColumn(side, condition).isEmpty || !evicted(side, other) =>
         s"its condition does not bound the $name side's event time by the other side's " +
-          s"(e.g. l.time BETWEEN r.time - INTERVAL 10 MINUTES AND r.time + INTERVAL 10 MINUTES), so its rows would be kept forever"
+          "(e.g. l.time BETWEEN r.time - INTERVAL 10 MINUTES AND r.time + INTERVAL 10 MINUTES), so its rows would be kept forever"
     })
   }
 
