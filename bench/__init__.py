@@ -6,7 +6,12 @@ bench/results/ (docs/benchmarks.md says what each measures and what it last meas
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -25,3 +30,15 @@ def with_testkit(builder: SparkSession.Builder) -> SparkSession.Builder:
         raise FileNotFoundError(f"{TESTKIT_JAR} is missing: run `make testkit` (it compiles jvm-shim/src/test/scala)")
     jars = [jar for jar in builder._options.get("spark.jars", "").split(",") if jar]
     return builder.config("spark.jars", ",".join([*jars, str(TESTKIT_JAR)]))
+
+
+def reported_by(module: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """What `python -m module '<spec>'` reported (its last JSON line), or {"ended": the last lines of its errors} where it reported nothing."""
+    # Output to files, not pipes: the run is over when its Python process ends, whatever its JVM does after.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        subprocess.run([sys.executable, "-m", module, json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"ended": " | ".join(stderr.strip().splitlines()[-3:])[:300]}

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import reported_by
+
 __all__ = ["PREDICATES", "SLICE_COUNTS", "run_psp_bench"]
 
 SLICE_COUNTS = (1, 2, 4, 8)
@@ -146,15 +148,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        done = subprocess.run([sys.executable, "-m", "bench.psp", json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
-        out.seek(0)
-        err.seek(0)
-        lines = [line for line in out.read().splitlines() if line.startswith("{")]
-        if done.returncode != 0 or not lines:
-            raise RuntimeError(f"bench-psp run {spec['name']} failed: " + " | ".join(err.read().strip().splitlines()[-3:]))
+    reported = reported_by("bench.psp", spec)
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result: dict[str, Any] = {"run": spec["name"], "predicate": spec["predicate"], "partitions": spec["partitions"], **json.loads(lines[-1])}
+    if "ended" in reported:
+        raise RuntimeError(f"bench-psp run {spec['name']} failed: {reported['ended']}")
+    result: dict[str, Any] = {"run": spec["name"], "predicate": spec["predicate"], "partitions": spec["partitions"], **reported}
     result["median_batch_ms"] = statistics.median(result["batch_ms"])
     print(f"{spec['predicate']:>6} {spec['name']:>22}: {result['seconds']:.1f} s, median batch {result['median_batch_ms']:.0f} ms, largest "
           f"{max(result['batch_ms'])} ms, output {result['output_rows']}, predicate calls {result['predicate_calls']}, "

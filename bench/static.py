@@ -18,10 +18,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import reported_by
 
 __all__ = ["SKEWS", "run_static_bench"]
 
@@ -107,15 +108,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        done = subprocess.run([sys.executable, "-m", "bench.static", json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
-        out.seek(0)
-        err.seek(0)
-        lines = [l for l in out.read().splitlines() if l.startswith("{")]
-        if done.returncode != 0 or not lines:
-            raise RuntimeError(f"bench-static run {spec['name']} failed: " + " | ".join(err.read().strip().splitlines()[-3:]))
+    result = reported_by("bench.static", spec)
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result = json.loads(lines[-1])
+    if "ended" in result:
+        raise RuntimeError(f"bench-static run {spec['name']} failed: {result['ended']}")
     b = result["batches"]
     probes = sum(x["hits"] + x["misses"] for x in b)
     result.update({

@@ -23,12 +23,11 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment, peak_rss_bytes, with_testkit
+from bench import enrichment, peak_rss_bytes, reported_by, with_testkit
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -153,22 +152,10 @@ def state_sizes(spark: Any, execution: Any, batch_ids: list[int]) -> dict[int, t
     return {m["batch"]: (m["rows"], m["bytes"]) for m in measured}
 
 
-def _reported_by(module: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """What `python -m module '<spec>'` reported (its last JSON line), or {"ended": the last lines of its errors} where it reported nothing."""
-    # Output to files, not pipes: the run is over when its Python process ends, whatever its JVM does after.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        subprocess.run([sys.executable, "-m", module, json.dumps(spec)], stdout=out, stderr=err, timeout=7200)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {"ended": " | ".join(stderr.strip().splitlines()[-3:])[:300]}
-
-
 def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
     """Runs `spec` in a JVM of its own; the summary figures added to what it reported."""
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result = _reported_by("bench.streaming", spec)
+    result = reported_by("bench.streaming", spec)
     subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
     if "error" not in result:
         result = {"seconds": None, "error": f"JVM ended: {result['ended']}", "batches": [], "peak_rss_bytes": None,
@@ -281,7 +268,7 @@ def _flink_run(files: Path, label: str, expected: int, multi_join: bool, name: s
     sides = enrichment.chain(label)
     spec = {"files": str(files), "tables": ["orders", *(s[0] for s in sides)], "sql": enrichment.sql(sides),
             "expected_rows": expected, "multi_join": multi_join, "timeout_s": 3600}
-    result = _reported_by("bench.flink_peer", spec)
+    result = reported_by("bench.flink_peer", spec)
     if "error" not in result:
         result = {"seconds": None, "error": f"Flink ended: {result['ended']}", "output_rows": None, "state_bytes": None,
                   "peak_rss_bytes": None, "multi_join_in_plan": False}
