@@ -42,3 +42,12 @@ def reported_by(module: str, spec: dict[str, Any]) -> dict[str, Any]:
         stdout, stderr = out.read(), err.read()
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {"ended": " | ".join(stderr.strip().splitlines()[-3:])[:300]}
+
+
+def reported_on_fresh_checkpoint(module: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`reported_by`, with the run's checkpoint directory (`spec["checkpoint"]`) removed before and after it."""
+    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    try:
+        return reported_by(module, spec)
+    finally:
+        subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)

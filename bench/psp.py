@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import reported_by
+from bench import reported_on_fresh_checkpoint
 
 __all__ = ["PREDICATES", "SLICE_COUNTS", "run_psp_bench"]
 
@@ -147,9 +146,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    reported = reported_by("bench.psp", spec)
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    reported = reported_on_fresh_checkpoint("bench.psp", spec)
     if "ended" in reported:
         raise RuntimeError(f"bench-psp run {spec['name']} failed: {reported['ended']}")
     result: dict[str, Any] = {"run": spec["name"], "predicate": spec["predicate"], "partitions": spec["partitions"], **reported}

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import reported_by
+from bench import reported_on_fresh_checkpoint
 
 __all__ = ["SKEWS", "run_static_bench"]
 
@@ -107,9 +107,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result = reported_by("bench.static", spec)
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    result = reported_on_fresh_checkpoint("bench.static", spec)
     if "ended" in result:
         raise RuntimeError(f"bench-static run {spec['name']} failed: {result['ended']}")
     b = result["batches"]

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment, peak_rss_bytes, reported_by, with_testkit
+from bench import enrichment, peak_rss_bytes, reported_by, reported_on_fresh_checkpoint, with_testkit
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -154,9 +154,7 @@ def state_sizes(spark: Any, execution: Any, batch_ids: list[int]) -> dict[int, t
 
 def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
     """Runs `spec` in a JVM of its own; the summary figures added to what it reported."""
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
-    result = reported_by("bench.streaming", spec)
-    subprocess.run(["rm", "-rf", spec["checkpoint"]], check=True)
+    result = reported_on_fresh_checkpoint("bench.streaming", spec)
     if "error" not in result:
         result = {"seconds": None, "error": f"JVM ended: {result['ended']}", "batches": [], "peak_rss_bytes": None,
                   "umjoin_in_plan": False, "stream_stream_joins": None}
