@@ -51,6 +51,8 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
         ("spark.umjoin.staticTables", "keep", "expected store or reread"),
         ("spark.umjoin.staticCache.maxBytes", "huge", "a size such as 64k, 8m or 1g"),
         ("spark.umjoin.staticCache.hysteresis", "0.5", "expected a number >= 1.0"),
+        ("spark.umjoin.timeSlices", "0", "expected auto or an integer >= 1"),
+        ("spark.umjoin.timeSlices", "many", "expected auto or an integer >= 1"),
     ],
 )
 def test_invalid_setting_fails_the_query_naming_it(spark: SparkSession, tpch_data: Path, key: str, value: str, expected: str) -> None:

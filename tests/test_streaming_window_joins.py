@@ -7,17 +7,21 @@ a restart, HDFS and RocksDB state; joins UMJoin cannot bound are refused with wh
 
 from __future__ import annotations
 
+import collections
 import datetime
 import itertools
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
+from pyspark.accumulators import Accumulator
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType
 
 from test_streaming import ROCKSDB, executed_plan, stream, write_batches
@@ -87,28 +91,43 @@ def nested_loop(streams: dict[str, list[tuple]], keyed: bool) -> list[tuple]:  #
     return sorted(out)
 
 
-def chain_query(spark: SparkSession, directory: Path, names: list[str]) -> DataFrame:
+def chain_query(spark: SparkSession, directory: Path, names: list[str], calls: Accumulator[int]) -> DataFrame:
     """Each stream joined with the one before: within 5 minutes of it, and its price within 25 of it (odd
-    positions) or above it less 10 (even positions): no equality anywhere."""
+    positions) or above it less 10 (even positions): no equality anywhere. The last join also tests a Python
+    UDF of the first and last streams' keys, counting its calls in `calls`."""
     joined = stream(spark, directory / names[0], columns(names[0])).withWatermark(f"{names[0]}_ts", "10 minutes")
+
+    def similar(first_k: int, last_k: int) -> bool:
+        calls.add(1)
+        return first_k != (last_k + 1) % 3
+
     for before, name in zip(names, names[1:]):
         side = stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", "10 minutes")
         near = F.col(f"{name}_ts").between(F.col(f"{before}_ts") - F.expr("interval 5 minutes"), F.col(f"{before}_ts") + F.expr("interval 5 minutes"))
         odd = names.index(name) % 2
         prices = F.abs(F.col(f"{name}_p") - F.col(f"{before}_p")) < 25 if odd else F.col(f"{name}_p") > F.col(f"{before}_p") - 10
+        if name == names[-1]:
+            prices = prices & F.udf(similar, BooleanType())(f"{names[0]}_k", f"{name}_k")
         joined = joined.join(side, near & prices).withMetadata(f"{before}_ts", {})  # (one event-time column per side)
     return joined
 
 
-def chain_nested_loop(streams: dict[str, list[tuple]], names: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-    """`chain_query`'s result over all rows: every row of each stream tested with every partial combination before it."""
+def chain_nested_loop(streams: dict[str, list[tuple]], names: list[str], udf: bool = True) -> list[tuple]:  # type: ignore[type-arg]
+    """`chain_query`'s result over all rows: every row of each stream tested with every partial combination
+    before it (without `udf`: what is left to the Python UDF to test)."""
     partial = [tuple(row) for row in streams[names[0]]]
     for position, name in enumerate(names[1:], start=1):
-        def matches(before: tuple, row: tuple) -> bool:  # type: ignore[type-arg]
+        def matches(first: tuple, before: tuple, row: tuple) -> bool:  # type: ignore[type-arg]
             prices = abs(row[1] - before[1]) < 25 if position % 2 else row[1] > before[1] - 10
-            return abs(row[2] - before[2]) <= NEAR and prices
-        partial = [(*combination, *row) for combination in partial for row in streams[name] if matches(combination[-3:], row)]
+            similar = not udf or position < len(names) - 1 or first[0] != (row[0] + 1) % 3
+            return abs(row[2] - before[2]) <= NEAR and prices and similar
+        partial = [(*combination, *row) for combination in partial for row in streams[name] if matches(combination[:3], combination[-3:], row)]
     return sorted(partial)
+
+
+def summed_metric(query: StreamingQuery, name: str) -> int:
+    """The StreamingUMJoin's custom metric `name`, summed over the query's micro-batches."""
+    return sum(p["stateOperators"][0]["customMetrics"][name] for p in query.recentProgress if p["stateOperators"])
 
 
 def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_equals_a_nested_loop(
@@ -129,33 +148,57 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
     assert 5 <= len(expected) < len(streams["a"]) * len(streams["b"])  # (the conditions drop most combinations, not all)
 
 
-@pytest.mark.parametrize(("streams", "slice_counts"), [(2, (1, 4)), (3, (1, 2, 3, 5, 8)), (5, (1, 6))])
+@pytest.mark.parametrize(("streams", "runs"), [
+    (2, ((1, 1), (4, 4), (4, 1))),
+    (3, ((1, 1), (2, 2), (3, 3), (5, 5), (8, 8), (8, 3))),
+    (5, ((1, 1), (6, 6), (6, 2))),
+])
 def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(
-        spark: SparkSession, tmp_path: Path, streams: int, slice_counts: tuple[int, ...]) -> None:
-    """Paper 004's property: for any number of slices (here one per state partition, 1 to 8) the result is the
-    nested loop's, and the rows stored over all slices are the same rows, none kept twice."""
+        spark: SparkSession, tmp_path: Path, streams: int, runs: tuple[tuple[int, int], ...]) -> None:
+    """Paper 004's property: for any number of slices (1 to 8, over as many state partitions or more) the result
+    is the nested loop's, the rows stored over all slices are the same rows, none kept twice, and the Python
+    UDF is called once per combination the other conditions leave, as a nested loop calls it."""
     names = [f"s{i}" for i in range(streams)]
     rows = random_rows(random.Random(10 + streams), tuple(names))
     write_in_batches(tmp_path, rows, None)
     expected = chain_nested_loop(rows, names)
-    assert expected and len(expected) < math.prod(len(r) for r in rows.values())  # (the conditions drop combinations, not all)
-    stored_by_count = {}
-    for partitions in slice_counts:
-        with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.minInputs": "2"}):
-            query, emitted = run_by_batch(chain_query(spark, tmp_path, names), tmp_path / f"ck{partitions}", tmp_path / f"out{partitions}")
-        assert sorted(row for row, batches in emitted.items() for _ in batches) == expected, partitions
+    left_to_the_udf = len(chain_nested_loop(rows, names, udf=False))
+    assert expected and left_to_the_udf > len(expected) and left_to_the_udf < math.prod(len(r) for r in rows.values())
+    stored_by_run = {}
+    tested = {}
+    for partitions, slices in runs:
+        calls = spark.sparkContext.accumulator(0)
+        settings = {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.minInputs": "2", "spark.umjoin.timeSlices": str(slices)}
+        with temporary_conf(spark, settings):
+            name = f"{partitions}-{slices}"
+            query, emitted = run_by_batch(chain_query(spark, tmp_path, names, calls), tmp_path / f"ck{name}", tmp_path / f"out{name}")
+        assert sorted(row for row, batches in emitted.items() for _ in batches) == expected, (partitions, slices)
+        assert calls.value == left_to_the_udf, (partitions, slices)
         plan = executed_plan(query)
         assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
         assert plan.count("hashpartitioning(umjoin_time_slice_ring(") == (streams if partitions > 1 else 0), plan
+        assert ("=>~ #" in plan) == (partitions > 1), plan
         stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), 0))  # type: ignore[union-attr]
         held = {(s["store"], s["partition"]): s["rows"] for s in stores if "-index-" not in s["store"]}
-        stored_by_count[partitions] = {name: sum(r for (n, _), r in held.items() if n == name) for name, _ in held}
-        # Consecutive slices on consecutive partitions (a ring): each of up to 3 partitions holds rows of every stream
-        # (three slices each over these 30 minutes); of more, most do (a slice may have no row).
+        stored_by_run[(partitions, slices)] = {name: sum(r for (n, _), r in held.items() if n == name) for name, _ in held}
+        # Slice s of a stream (its event times cut every `width` ms, as the plan shows) is in partition s mod partitions.
+        widths = {name: int(ms) for name, ms in re.findall(r"umjoin_time_slice_ring\((\w+)_ts#\d+, (\d+) ms, " + str(partitions), plan)}
+        assert sorted(widths) == (sorted(names) if partitions > 1 else []), plan
+        for name in widths:
+            micros = [(row[2] - datetime.datetime(1970, 1, 1)) // datetime.timedelta(microseconds=1) for row in rows[name]]
+            ring = collections.Counter(us // (widths[name] * 1000) % partitions for us in micros)
+            assert {p: held[(f"umjoin-input-{names.index(name)}", p)] for p in range(partitions)} == {p: ring[p] for p in range(partitions)}
         holding = {name: sum(1 for (n, _), r in held.items() if n == name and r > 0) for name, _ in held}
-        assert all(count == partitions if partitions <= 3 else count > partitions // 2 for count in holding.values()), (partitions, held)
+        if partitions > 1:
+            first = next(p for p in query.recentProgress if p["batchId"] == 0)["stateOperators"][0]["customMetrics"]
+            assert all(first[f"slicePartitionsInput{i}"] == holding[f"umjoin-input-{i}"] for i in range(streams)), (first, holding)
+        tested[(partitions, slices)] = sum(summed_metric(query, f"conditionChecksInput{i}") for i in range(streams))
     # Every stream's rows once, in whichever slices: all of them (one micro-batch: nothing evicted yet).
-    assert all(stored == {f"umjoin-input-{i}": len(rows[n]) for i, n in enumerate(names)} for stored in stored_by_count.values()), stored_by_count
+    assert all(stored == {f"umjoin-input-{i}": len(rows[n]) for i, n in enumerate(names)} for stored in stored_by_run.values()), stored_by_run
+    # A combination is tested only against the rows of the slices its time range overlaps (slices + 1 at most): in fewer
+    # partitions than all of them, fewer rows than in one partition holding them all.
+    assert all(tested[run] <= tested[(1, 1)] for run in runs), tested
+    assert all(tested[run] < tested[(1, 1)] for run in runs if run[0] > run[1] + 1), tested
 
 
 @pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
@@ -186,6 +229,51 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
     assert on == off  # the same rows, each put out in the same micro-batch
     everything = nested_loop(streams, keyed)
     assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
+
+
+def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_row_once_to_a_file_sink(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """The query stops halfway with its rows spread over 2 slices per window and restarts with 3: the new rows
+    are placed by the new slices, the stored ones stay where they are and are probed there until none is left.
+    The file sink holds what Spark's own joins (keyed by the slice) put out over the same restart, each row once."""
+    rng = random.Random(4)
+    streams = random_rows(rng)
+    write_in_batches(tmp_path, streams, rng)
+    for n, name in enumerate(NAMES):  # (a micro-batch more, after the one whose watermark ends every window)
+        write_batches(tmp_path / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
+    settings = {"spark.sql.shuffle.partitions": "6"}
+
+    def to_files(name: str, slices: tuple[str, str]) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+        put_back = hold_back_second_half(tmp_path, list(NAMES))
+        for half, count in enumerate(slices):
+            if half:
+                put_back()
+            with temporary_conf(spark, {"spark.umjoin.timeSlices": count}):
+                query = band_query(spark, tmp_path, keyed=False).writeStream.format("parquet") \
+                    .option("checkpointLocation", str(tmp_path / f"ck-{name}")).option("path", str(tmp_path / f"out-{name}")) \
+                    .trigger(availableNow=True).start()
+                query.awaitTermination()
+        return sorted(tuple(row) for row in spark.read.parquet(str(tmp_path / f"out-{name}")).collect()), query
+
+    with temporary_conf(spark, settings):
+        on, umjoin = to_files("on", ("2", "3"))
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            off, _ = to_files("off", ("2", "3"))
+
+    assert on == off and on  # (the same rows, each as often)
+    # The checkpoint: the layout as it started (2 slices per window), and the change, recorded by the batch that made it.
+    operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
+    assert [item["timeSlices"] for item in json.loads((operator / "_umjoin_layout.json").read_text())["inputs"]] == [2, 2, 2]
+    changes = sorted(operator.glob("_umjoin_slices_*.json"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+    assert changes and [item["timeSlices"] for item in json.loads(changes[0].read_text())] == [3, 3, 3], changes
+    assert all(item["earlierTimeSliceMs"] for item in json.loads(changes[0].read_text())), changes
+    # Once a micro-batch found no row placed by the slices before, the next one probed by the new slices alone.
+    assert len(changes) == 2 and all(item["earlierTimeSliceMs"] == [] and item["timeSlices"] == 3 for item in json.loads(changes[1].read_text()))
+    progress = [p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]]
+    # Rows placed by 2 slices per window were probed where they are after the restart, until all were evicted.
+    assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
+    plan = executed_plan(umjoin)
+    assert plan.count("3 time slices per window") == 3 and "still probed there" not in plan, plan
 
 
 def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ final case class UMJoinConf(
     stateCacheRows: Long,
     storeStaticTables: Boolean,
     staticCache: StaticCacheSettings,
-    probeOrder: ProbeOrderSettings)
+    probeOrder: ProbeOrderSettings,
+    timeSlices: Option[Int])
 
 /**
  * One `spark.umjoin.*` setting, declared once: its key, its default as the text `spark.conf.set`
@@ -153,12 +154,22 @@ object UMJoinConf {
     "streaming: a stored row is removed once it was stored longer ago than this (e.g. `2h`), before a batch " +
       "probes. Bounds state for streams without watermarks; **changes results**, as Flink's state TTL does " +
       "(default: kept until watermarks evict it)")
+  val TimeSlices: Setting[Option[Int]] = Setting("spark.umjoin.timeSlices", Some("auto"), "auto or an integer >= 1",
+    "streaming, joins without an equi-join key: how many time slices the event times a stream's row joins across are " +
+      "cut into, each slice's rows in one state partition (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key)); " +
+      "a combination is probed in the partitions of the slices its time range overlaps. `auto`: the cores of the " +
+      "application (`defaultParallelism`), at most the state partitions. When the count changes between micro-batches " +
+      "(the cores, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire",
+    value => value.trim.toLowerCase(Locale.ROOT) match {
+      case "auto" => Some(None)
+      case number => number.toIntOption.filter(_ >= 1).map(Some(_))
+    })
 
   /** Every setting, in the order the README's table lists them. */
   val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory, WriteBufferSize,
     BlockCacheSize, BloomFilterBitsPerKey, LocalDir, ProbeOrderSetting, CycleRows, Period, History, SmoothingSetting,
     Alpha, Beta, Damping, QueryCost, MatchCost, StateCacheRows, StaticTables, StaticCache, StaticCacheMaxBytes,
-    StaticCacheHysteresis, StateTtl)
+    StaticCacheHysteresis, StateTtl, TimeSlices)
 
   def from(conf: SQLConf): UMJoinConf = {
     val get: String => Option[String] = key => Option(conf.getConfString(key, null))
@@ -180,7 +191,8 @@ object UMJoinConf {
         history = History(get),
         smoothing = Option.when(SmoothingSetting(get))(Smoothing(Alpha(get), Beta(get), Damping(get))),
         alphaQuery = QueryCost(get),
-        alphaMatch = MatchCost(get)))
+        alphaMatch = MatchCost(get)),
+      timeSlices = TimeSlices(get))
   }
 
   /** The README's configuration table (`make readme-settings` writes it there; a test checks it is current). */

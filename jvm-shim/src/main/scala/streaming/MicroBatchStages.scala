@@ -35,6 +35,8 @@ final case class StageMetrics(
     removed: SQLMetric,
     stateRows: IndexedSeq[SQLMetric],
     indexEntries: IndexedSeq[SQLMetric],
+    slicePartitions: Map[Int, SQLMetric],
+    sliceDrains: Map[Int, SliceDrain],
     static: Map[Int, StaticMetrics],
     unmatched: Option[UnmatchedMetrics])
 
@@ -81,6 +83,7 @@ final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: S
  * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
  * @param staticLoads per stored static table, whether this batch writes its stores, and which load they hold
  * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes (v_R, v_S)
+ * @param slices     per stream spread by time slice, which of its partitions a combination is sent to
  */
 final case class MicroBatchJob(
     graph: JoinGraph,
@@ -100,6 +103,7 @@ final case class MicroBatchJob(
     staticRowBytes: Map[Int, (Double, Double)],
     unmatched: Option[UnmatchedSpec],
     padding: Option[OuterPadding],
+    slices: Map[Int, SliceWindow],
     partitions: Int,
     info: StatefulOperatorStateInfo) {
 
@@ -334,6 +338,16 @@ private[streaming] final class StageTask(
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
     })
+    // Into a store spread by time slice: to the partitions of the slices the combination's time range overlaps.
+    val slicesOf = mutable.Map[Int, Option[(SliceWindow, UnsafeProjection)]]()
+    def sliceTargets(start: Int, segment: Route.Segment): Option[(SliceWindow, UnsafeProjection)] = slicesOf.getOrElseUpdate(start, {
+      val run = job.planOf(start)
+      val bound = run.route.order.take(segment.until + 1)
+      job.slices.get(run.steps(segment.until).input).map { window =>
+        val known = window.copy(bounds = window.bounds.filter(b => bound.contains(b.input)))
+        (known, UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
+      }
+    })
     val all = 0 until job.partitions
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
     val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
@@ -347,9 +361,12 @@ private[streaming] final class StageTask(
             metrics.shipped += 1
             Iterator.single((targetOf(start, segment, keyClass)(row).getInt(0), wrap(start, row)))
           case _ =>
-            metrics.shipped += job.partitions
             val wrapped = wrap(start, row)
-            all.iterator.map(p => (p, wrapped))
+            val targets = sliceTargets(start, segment).fold(all.iterator) { case (window, times) => window.partitionsFor(times(row)) }
+            targets.map { p =>
+              metrics.shipped += 1
+              (p, wrapped)
+            }
         }
     } ++ unmatched(), () => report())
   }
@@ -437,6 +454,16 @@ private[streaming] final class StageTask(
       CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
       metrics.stateRows(j) += writer.rowCount
       metrics.indexEntries(j) += writer.indexEntryCount
+      if (writer.rowCount > 0) metrics.slicePartitions.get(j).foreach(_ += 1)
+      metrics.sliceDrains.get(j).foreach { drain =>
+        val window = job.slices(j)
+        val time = GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
+        drain.earlierPlaced += writer.state.visibleRows().count { row =>
+          val t = time(row)
+          !t.isNullAt(0) && window.placement(t.getLong(0)) != partition
+        }
+        drain.partitionsCounted.add(1)
+      }
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }

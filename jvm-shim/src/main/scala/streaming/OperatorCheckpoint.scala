@@ -18,7 +18,8 @@ import umjoin.spark.core.probe.{Route, StoreIndex}
 /**
  * A StreamingUMJoin's own files in its query's checkpoint, all read and written here: the record of
  * its state's layout (`<checkpoint>/state/<operator>/_umjoin_layout.json`, beside its stores), its
- * format, and what the stores there say about who wrote them. The rule asks it whether a group can
+ * format, the changes of its time slicing (`_umjoin_slices_<batch>.json`, one per micro-batch that
+ * changed it), and what the stores there say about who wrote them. The rule asks it whether a group can
  * continue the state it finds; the operator records the layout when its state starts.
  */
 final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Configuration) {
@@ -62,21 +63,56 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
       } catch {
         case e: java.io.IOException => Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
       }
-      text.flatMap(fromJson(_, graph, outputs).map(Some(_)).left.map(refusal))
+      text.flatMap(fromJson(_, graph, outputs, info.numPartitions).map(Some(_)).left.map(refusal))
     }
 
   /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
-  def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]], labels: Seq[String]): Unit = {
-    val files = CheckpointFileManager.create(layoutFile.getParent, hadoopConf)
-    if (!files.exists(layoutFile)) {
-      val out = files.createAtomic(layoutFile, overwriteIfPossible = true)
-      try out.write(toJson(layout, graph, outputs, labels).getBytes(StandardCharsets.UTF_8)) catch {
-        case e: Throwable =>
-          out.cancel()
-          throw e
-      }
-      out.close()
+  def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]], labels: Seq[String]): Unit =
+    if (!fs.exists(layoutFile)) write(layoutFile, toJson(layout, graph, outputs, labels))
+
+  /** The file recording the time slicing micro-batch `version` changed to (files are never overwritten: not every file system can). */
+  private def slicingFile(version: Long) = new Path(layoutFile.getParent, s"_umjoin_slices_$version.json")
+
+  /**
+   * The time slicing last recorded at or before micro-batch `version` (a change: see
+   * [[StreamingLayout.resliced]]) and the micro-batch that recorded it; None where it never changed.
+   */
+  def recordedSlicing(version: Long): Option[(Long, IndexedSeq[Option[TimeSlicing]])] = {
+    val Recorded = "_umjoin_slices_(\\d+)\\.json".r
+    val versions = fs.listStatus(layoutFile.getParent).map(_.getPath.getName).collect { case Recorded(v) => v.toLong }.filter(_ <= version)
+    versions.maxOption.map { v =>
+      val in = fs.open(slicingFile(v))
+      val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+      v -> slicingFromJson(parse(text))
     }
+  }
+
+  /** Records that micro-batch `version` changed the time slicing to the layout's (once: a re-run of the batch reads it back). */
+  def recordSlicing(version: Long, layout: StreamingLayout): Unit = {
+    val recorded = recordedSlicing(version)
+    if (!recorded.exists(_._1 == version) && recorded.map(_._2).getOrElse(recordedLayoutSlicing) != layout.timeSlices) {
+      write(slicingFile(version), compact(render(JArray(layout.timeSlices.map(slicingJson).toList))))
+    }
+  }
+
+  /** The time slicing the layout record was written with. */
+  private def recordedLayoutSlicing: IndexedSeq[Option[TimeSlicing]] = {
+    val in = fs.open(layoutFile)
+    val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+    parse(text) \ "inputs" match {
+      case JArray(items) => items.map(item => timeSlicing(item, info.numPartitions)).toIndexedSeq
+      case _ => IndexedSeq.empty
+    }
+  }
+
+  private def write(path: Path, text: String): Unit = {
+    val out = CheckpointFileManager.create(path.getParent, hadoopConf).createAtomic(path, overwriteIfPossible = false)
+    try out.write(text.getBytes(StandardCharsets.UTF_8)) catch {
+      case e: Throwable =>
+        out.cancel()
+        throw e
+    }
+    out.close()
   }
 
   /** Why this query cannot continue the operator's state, with what to do. */
@@ -103,7 +139,10 @@ object OperatorCheckpoint {
         "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
         "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
         "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
-        layout.timeSliceMs(i).map(ms => List[JField]("timeSliceMs" -> JInt(ms))).getOrElse(Nil) ++
+        (slicingJson(layout.timeSlices(i)) match {
+          case JObject(fields) => fields
+          case _ => Nil
+        }) ++
         (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
     }
     val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
@@ -117,13 +156,38 @@ object OperatorCheckpoint {
       "statistics" -> JString(layout.statistics))))
   }
 
+  /** An input's time slicing as the records keep it (fields of its entry in the layout record; an object of its own in a change's). */
+  private def slicingJson(slicing: Option[TimeSlicing]): JValue = JObject(slicing.toList.flatMap { t =>
+    List[JField]("timeSliceMs" -> JInt(t.widthMs), "timeSlices" -> JInt(t.slices), "earlierTimeSliceMs" -> JArray(t.earlierWidthsMs.map(JInt(_)).toList))
+  })
+
+  /** An input's time slicing read from its record; records written before the count was chosen (a slice per partition) have the width only. */
+  private def timeSlicing(item: JValue, partitions: Int): Option[TimeSlicing] = item \ "timeSliceMs" match {
+    case JInt(ms) =>
+      val slices = item \ "timeSlices" match {
+        case JInt(n) => n.toInt
+        case _ => partitions
+      }
+      val earlier = item \ "earlierTimeSliceMs" match {
+        case JArray(ws) => ws.collect { case JInt(w) => w.toLong }
+        case _ => Nil
+      }
+      Some(TimeSlicing(slices, ms.toLong, earlier))
+    case _ => None
+  }
+
+  private def slicingFromJson(json: JValue): IndexedSeq[Option[TimeSlicing]] = json match {
+    case JArray(items) => items.map(timeSlicing(_, 0)).toIndexedSeq
+    case _ => IndexedSeq.empty
+  }
+
   /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
-  private[streaming] def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): Either[String, StreamingLayout] =
-    try Right(read(text, graph, inputs)) catch { case m: LayoutMismatch => Left(m.getMessage) }
+  private[streaming] def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]], partitions: Int): Either[String, StreamingLayout] =
+    try Right(read(text, graph, inputs, partitions)) catch { case m: LayoutMismatch => Left(m.getMessage) }
 
   private final class LayoutMismatch(reason: String) extends Exception(reason)
 
-  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]]): StreamingLayout = {
+  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]], partitions: Int): StreamingLayout = {
     def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
     val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
     json \ "format" match {
@@ -167,10 +231,7 @@ object OperatorCheckpoint {
       }
       val current = if (graph.outer.contains(i)) OuterJoinType else "inner"
       if (joinType != current) fail(s"input #$i was joined as $joinType, now as $current")
-      val timeSlice = item \ "timeSliceMs" match {
-        case JInt(ms) => Some(ms.toLong)
-        case _ => None
-      }
+      val timeSlice = timeSlicing(item, partitions)
       (kind, partition, indexes, timeSlice)
     }.toIndexedSeq
     val routes = json \ "routes" match {

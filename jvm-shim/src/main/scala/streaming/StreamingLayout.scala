@@ -47,11 +47,12 @@ object InputKind {
  * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
  * laid out by it. `statistics` says what the model's figures were (shown in `explain()`).
  *
- * `timeSliceMs`: per input, the width of the time slices its rows are spread over the partitions
- * by (paper 004, PSP), where it is partitioned on a time-slice class ([[TimeSlice]]: a join without
- * an equi-join key, whose one value would put the whole state in one partition). Such a store
- * keeps each row in the partition of its event time's slice, and is probed in all partitions:
- * every row is stored once, and a combination found once, where its row of that store lives.
+ * `timeSlices`: per input, how its rows are spread over the partitions by time slice (paper 004,
+ * PSP), where it is partitioned on a time-slice class ([[TimeSlice]]: a join without an equi-join
+ * key, whose one value would put the whole state in one partition). Such a store keeps each row in
+ * the partition of its event time's slice ([[TimeSliceRing]]), and a partial combination is sent to
+ * the partitions of the slices its time range overlaps ([[SliceWindow]]): every row is stored once,
+ * and a combination found once, where its row of that store lives.
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
@@ -60,10 +61,26 @@ final case class StreamingLayout(
     routes: Map[Int, Route],
     predictedCost: Double,
     statistics: String,
-    timeSliceMs: IndexedSeq[Option[Long]]) {
+    timeSlices: IndexedSeq[Option[TimeSlicing]]) {
 
-  /** Whether input `i`'s rows are spread over the partitions by time slice (probed in all of them). */
-  def isTimeSliced(i: Int): Boolean = timeSliceMs(i).isDefined
+  /** Whether input `i`'s rows are spread over the partitions by time slice. */
+  def isTimeSliced(i: Int): Boolean = timeSlices(i).isDefined
+
+  /**
+   * This layout with `slices` slices per span for every input spread by time slice (`spanMs(i)`,
+   * see [[TimeSlicing]]): the slicing changes where it has another count and no rows placed by an
+   * earlier one are left; those placed by the one before are kept where they are until `drained(i)`.
+   */
+  def resliced(slices: Int, spanMs: Int => Option[Long], drained: Int => Boolean): StreamingLayout =
+    copy(timeSlices = timeSlices.indices.map { i =>
+      timeSlices(i).map { current =>
+        val kept = if (drained(i)) current.copy(earlierWidthsMs = Nil) else current
+        spanMs(i).filter(_ => kept.slices != slices && kept.earlierWidthsMs.isEmpty).fold(kept) { span =>
+          val width = TimeSlicing.width(span, slices)
+          TimeSlicing(slices, width, Seq(kept.widthMs).filter(_ != width))
+        }
+      }
+    })
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
@@ -172,6 +189,22 @@ final case class StreamingLayout(
   }
 }
 
+/**
+ * How a stream's rows are spread by time slice: the event times a row can join across (its span:
+ * the widest range, before and after it, the conditions let another stream's rows be in) are cut
+ * into `slices` slices of `widthMs`, slice s of the event times kept in partition s mod n of the n
+ * state partitions. Rows stay where they were placed: after the count changed, rows placed by the
+ * slices before (`earlierWidthsMs`) are still probed there, until none of them is left.
+ */
+final case class TimeSlicing(slices: Int, widthMs: Long, earlierWidthsMs: Seq[Long]) {
+  /** Every width some stored row may be placed by, this one first. */
+  def widthsMs: Seq[Long] = widthMs +: earlierWidthsMs
+}
+
+object TimeSlicing {
+  def width(spanMs: Long, slices: Int): Long = (spanMs / slices.max(1)).max(1L)
+}
+
 object StreamingLayout {
 
   /**
@@ -185,7 +218,7 @@ object StreamingLayout {
    * policies need: they change routes within what the layout can probe).
    */
   def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int,
-      compositeIndexes: Boolean, timeSpanMs: Int => Option[Long]): StreamingLayout = {
+      compositeIndexes: Boolean, timeSpanMs: Int => Option[Long], slicesPerSpan: Int): StreamingLayout = {
     val n = kinds.size
     val classesOf = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
     val candidates = (0 until n).map { i =>
@@ -200,11 +233,15 @@ object StreamingLayout {
       if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
     }
     val sliced = (0 until n).map { i =>
-      val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall(_._2.isInstanceOf[TimeSlice]))
-      // A slice per partition over the event times a row's matches span (at least 1 ms): the state is spread about evenly.
+      val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall {
+        case (_, TimeSlice(time)) => SliceWindow.isTimestamp(time.dataType)
+        case _ => false
+      })
+      // `slicesPerSpan` slices over the event times a row's matches span (at least 1 ms each), on a ring of all partitions.
       // (Only in groups of inner joins: outer and semi joins' waiting combinations are placed by their keys, untested with slices.)
       val inner = graph.outer.isEmpty && graph.filters.isEmpty
-      if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None else timeSpanMs(i).map(span => (span / partitions).max(1L))
+      if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None
+      else timeSpanMs(i).map(span => TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan), Nil))
     }
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>

@@ -16,8 +16,9 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  *
  * On the driver, per query run ([[StreamingRegistry.Run]]): the rule's notes (each logged once;
  * the ones saying why joins stayed Spark's are what `umjoin.plans.unconverted_streaming_joins`
- * returns), each operator's probe routes and their statistics ([[StreamingRoutes]]), and the last
- * load of each stored static table ([[StaticVersions]]). When the query terminates (Spark's
+ * returns), each operator's probe routes and their statistics ([[StreamingRoutes]]), the last
+ * load of each stored static table ([[StaticVersions]]), and what the last micro-batch counted of
+ * rows placed by an earlier time slicing ([[SliceDrain]]). When the query terminates (Spark's
  * QueryTerminatedEvent, heard on the driver), its routes, loads and this JVM's static caches go; its
  * notes stay, for the last [[KeptNotes]] runs, so that a stopped query can still be asked why.
  *
@@ -36,6 +37,8 @@ object StreamingRegistry {
     private[streaming] val routes = TrieMap[Long, StreamingRoutes.Entry]()
     /** Per (operator id, input): the last load of a stored static table. */
     private[streaming] val staticLoads = new ConcurrentHashMap[(Long, Int), StaticVersions.Loaded]()
+    /** Per (operator id, input): what the last micro-batch counted of the rows an earlier time slicing placed. */
+    private[streaming] val sliceDrains = new ConcurrentHashMap[(Long, Int), SliceDrain]()
   }
 
   /** Runs whose notes are kept after their query ended. */
@@ -79,6 +82,7 @@ object StreamingRegistry {
     Option(runs.get(runId)).foreach { run =>
       run.routes.clear()
       run.staticLoads.clear()
+      run.sliceDrains.clear()
     }
     staticCaches.keySet.removeIf(_.runId == runId)
     ended.synchronized {

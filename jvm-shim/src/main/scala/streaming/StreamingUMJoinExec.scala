@@ -58,6 +58,8 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
  *                    partition holds at most this many (spark.umjoin.stateCacheRows)
  * @param staticCache what executors keep in memory of stored static tables (spark.umjoin.staticCache)
+ * @param sliceBounds per input spread by time slice, how far its event time can be from each other
+ *                    stream's in a result (see [[SliceWindow]]): a combination is sent only to the slices that range overlaps
  * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's join
  *                    tree (see [[umjoin.spark.streaming.JoinWatermarks]])
  */
@@ -79,6 +81,7 @@ case class StreamingUMJoinExec(
     staticCache: StaticCacheSettings,
     stateInfo: Option[StatefulOperatorStateInfo],
     eventTimeWatermarkForEviction: Option[Long],
+    sliceBounds: Seq[Seq[SliceWindow.Bound]],
     outputWatermarkShiftMs: Long,
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
@@ -125,7 +128,12 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(InputMetrics.rowsIn(i), s"$name: rows in"),
         StatefulOperatorCustomSumMetric(InputMetrics.probes(i), s"$name: probes"),
         StatefulOperatorCustomSumMetric(InputMetrics.matches(i), s"$name: matches"),
-        StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops")) ++
+        StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops"),
+        StatefulOperatorCustomSumMetric(InputMetrics.conditionChecks(i), s"$name: rows tested by the conditions of the step into it")) ++
+        (if (!layout.isTimeSliced(i)) Nil
+        else Seq(
+          StatefulOperatorCustomSumMetric(s"slicePartitionsInput$i", s"$name: partitions holding its rows (time slices)"),
+          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before the last change"))) ++
         (if (!graphShape.outer.contains(i)) Nil
         else Seq(StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns"))) ++
         (if (!semiInput.contains(i)) Nil else Seq(
@@ -143,7 +151,7 @@ case class StreamingUMJoinExec(
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     longMetric(InputMetrics.rowsIn(i)), longMetric(InputMetrics.probes(i)), longMetric(InputMetrics.matches(i)),
     longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"),
-    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))))
+    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))), Some(longMetric(InputMetrics.conditionChecks(i))))
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 
@@ -197,7 +205,9 @@ case class StreamingUMJoinExec(
     val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
     val hadoopConf = session.sessionState.newHadoopConf()
-    new OperatorCheckpoint(info, hadoopConf).recordLayout(layout, graph, outputs, inputLabels)
+    val checkpoint = new OperatorCheckpoint(info, hadoopConf)
+    checkpoint.recordLayout(layout, graph, outputs, inputLabels)
+    if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
 
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
     val probeGraph = layout.probeGraph(graph)
@@ -246,8 +256,15 @@ case class StreamingUMJoinExec(
         OuterPadding(start, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
           outer.map(o => o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
+      slices = children.indices.filter(layout.isTimeSliced).map(j => j -> SliceWindow(layout.timeSlices(j).get.widthsMs, partitions, sliceBounds(j))).toMap,
       partitions = partitions,
       info = info)
+    // Rows an earlier time slicing placed are counted in every batch until none is left; the next batch's planning reads the count.
+    val sliceDrains: Map[Int, SliceDrain] = children.indices.filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
+      val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator, longMetric(s"earlierSliceRowsInput$j"))
+      StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains.put((info.operatorId, j), drain)
+      j -> drain
+    }.toMap
     val metrics = StageMetrics(
       numOutputRows = longMetric("numOutputRows"),
       inputs = children.indices.map(inputMetrics),
@@ -259,6 +276,8 @@ case class StreamingUMJoinExec(
       removed = longMetric("numRemovedStateRows"),
       stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
       indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
+      slicePartitions = children.indices.filter(layout.isTimeSliced).map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
+      sliceDrains = sliceDrains,
       static = staticLoads.keys.map { i =>
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
@@ -323,13 +342,16 @@ case class StreamingUMJoinExec(
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
           }
-          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i, getStateInfo.numPartitions).get}" +
+          val slices = layout.timeSlices(i).fold("") { t =>
+            s", ${t.slices} time slices per window" + t.earlierWidthsMs.map(w => s", rows placed by slices of $w ms still probed there").mkString
+          }
+          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i, getStateInfo.numPartitions).get}$slices" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
       s"#$i ${inputLabels(i)} ($placement)"
     }.mkString(", ")
     val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !graphShape.filters.contains(start) }.map { case (start, route) =>
-      s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route))
+      s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route), layout.isTimeSliced)
     }.take(maxFields).mkString("; ")
     val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
     // An outer join's ON clause decides which of its rows match; the other conditions drop combinations.
@@ -351,19 +373,21 @@ object StreamingUMJoinExec {
    */
   def placement(layout: StreamingLayout, graph: JoinGraph, j: Int, partitions: Int): Option[Expression] =
     layout.partitionClass(j).map(c => graph.classes(c).keyOf(j).get).map {
-      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSliceMs(j).get, partitions)
+      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSlices(j).get.widthMs, partitions)
       case key => key
     }
 
   /**
    * A route as `explain()` shows it: `->` a step in the same task, `=>` the partial combinations
-   * shuffled to one partition of the next store, `=>*` sent to all its partitions.
+   * shuffled to one partition of the next store, `=>*` sent to all its partitions, `=>~` to the
+   * partitions of the time slices (of a `sliced` input's store) their time range overlaps.
    */
-  def routeText(plan: Route.Plan): String =
+  def routeText(plan: Route.Plan, sliced: Int => Boolean): String =
     s"#${plan.start}" + plan.steps.map { step =>
       val arrow = step.reach match {
         case Route.Reach.Local => "->"
         case Route.Reach.ByKey(_) => "=>"
+        case Route.Reach.AllPartitions if sliced(step.input) => "=>~"
         case Route.Reach.AllPartitions => "=>*"
       }
       s" $arrow #${step.input}"

@@ -49,7 +49,8 @@ final case class StreamingGroupPlan(
     evictable: Seq[Option[Expression]],
     unmatchable: Option[Expression],
     padding: Option[PaddingPlan],
-    evictionWatermark: Option[Long])
+    evictionWatermark: Option[Long],
+    sliceBounds: Seq[Seq[SliceWindow.Bound]])
 
 /**
  * When the group's outer joins pad a combination (see [[OuterPadding]]): per outer input, the
@@ -111,7 +112,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val mismatched = mutable.Map[Long, String]()
       val accepted =
         if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, conf.minInputs,
-          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, newOperator, mismatched))
+          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, conf.timeSlices, newOperator, mismatched))
           .acceptedGroups(plan, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
       // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
@@ -194,11 +195,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
-   * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`).
+   * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`;
+   * its event times cut into `timeSlices` slices where it has no equi-join key, None: as many as the cores).
    * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
-      compositeIndexes: Boolean, storeStatic: Boolean, newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
+      compositeIndexes: Boolean, storeStatic: Boolean, timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val unmarked = group.inputs.map(placeable)
@@ -312,19 +314,36 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             },
             unmatchable = evictionWatermark.flatMap(unmatchable),
             padding = padding.toOption.flatten,
-            evictionWatermark = evictionWatermark))
+            evictionWatermark = evictionWatermark,
+            sliceBounds = inputs.indices.map { j =>
+              if (!layout.isTimeSliced(j)) Nil
+              else streams.filter(_ != j).flatMap { m =>
+                for (time <- StreamingWatermarks.eventTimeColumn(outputs(m)) if SliceWindow.isTimestamp(time.dataType);
+                     behind <- distances(j)(m); ahead <- distances(m)(j))
+                  yield SliceWindow.Bound(m, time, behind, ahead)
+              }
+            }))
         }
-        checkpoint.get.recordedLayout(graph, outputs).map(_.getOrElse {
+        // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
+        def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
+          .filter(_ > 0).maxOption
+        // As many slices as cores by default: one partition's slice per core probed at once, and each further slice only more combinations sent.
+        val slices = timeSlices.getOrElse(session.sparkContext.defaultParallelism).min(info.numPartitions)
+        val drains = StreamingRegistry.run(info.queryRunId, session.sparkContext).sliceDrains
+        def drained(i: Int): Boolean = Option(drains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
+        // The time slicing last recorded; a micro-batch that recorded a change (run again after a failure) keeps it.
+        def continued(recorded: StreamingLayout): StreamingLayout = checkpoint.get.recordedSlicing(info.storeVersion) match {
+          case Some((version, slicing)) if version == info.storeVersion => recorded.copy(timeSlices = slicing)
+          case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained)
+        }
+        checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
           val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
             case None => estimatedSizes(inputs, kinds, graph)
           }
-          // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
-          def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
-            .filter(_ > 0).maxOption
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs)
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs, slices)
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
           chosen
         }) match {
@@ -548,6 +567,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       staticCache = conf.staticCache,
       stateInfo = Some(info),
       eventTimeWatermarkForEviction = plan.evictionWatermark,
+      sliceBounds = plan.sliceBounds,
       outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
       children = children)
     logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")

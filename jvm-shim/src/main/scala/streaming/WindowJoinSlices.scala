@@ -10,8 +10,10 @@ import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
 import org.apache.spark.sql.catalyst.plans.Inner
 import org.apache.spark.sql.catalyst.plans.logical.{Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.types.{DataType, IntegerType, LongType, Metadata}
+import org.apache.spark.sql.types.{DataType, IntegerType, LongType, Metadata, TimestampNTZType, TimestampType}
+import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.unsafe.hash.Murmur3_x86_32
+import org.apache.spark.util.LongAccumulator
 
 import umjoin.spark.UMJoinConf
 
@@ -36,7 +38,7 @@ final case class TimeSlice(child: Expression) extends UnaryExpression {
 
 /**
  * Where a stream's stored row is kept when its state is spread over the partitions by event time
- * (see [[StreamingLayout.timeSliceMs]]): its event time `child` falls in slice s (slices of
+ * (see [[StreamingLayout.timeSlices]]): its event time `child` falls in slice s (slices of
  * `widthMs` from the epoch), and slice s goes to partition s mod `partitions`, a ring, so that any
  * `partitions` consecutive slices are one in each partition. The value is a key that Spark's hash
  * partitioning (Murmur3, seed 42, into `partitions`) puts there: the smallest such key per
@@ -70,6 +72,70 @@ final case class TimeSliceRing(child: Expression, widthMs: Long, partitions: Int
   override protected def withNewChildInternal(newChild: Expression): TimeSliceRing = copy(child = newChild)
 }
 
+/**
+ * Which partitions can hold the rows of a time-sliced store ([[TimeSliceRing]]: slices of the first
+ * of `widthsMs` on a ring of `partitions`; rows placed by an earlier slicing, by the others) that a
+ * partial combination can still join: the store's input's event time t must be within `bounds` of
+ * every bound stream's, t_m - behind <= t <= t_m + ahead (the bounds the conditions put between the
+ * two event times, along any chain of streams: a row outside them completes no result), so only the
+ * slices that range overlaps are probed (paper 004: a probe visits the slices its window overlaps).
+ * One millisecond more on each side: Spark's bounds are in milliseconds, event times in microseconds.
+ */
+final case class SliceWindow(widthsMs: Seq[Long], partitions: Int, bounds: Seq[SliceWindow.Bound]) {
+  private val widthsMicros = widthsMs.map(_ * 1000L).toArray
+
+  /** The partition a row of event time `micros` is placed in now. */
+  def placement(micros: Long): Int = Math.floorMod(Math.floorDiv(micros, widthsMicros(0)), partitions.toLong).toInt
+
+  /**
+   * The partitions to probe for a combination whose bound streams' event times (microseconds,
+   * in the order of `bounds`) are `times`; every partition where one is NULL.
+   */
+  def partitionsFor(times: InternalRow): Iterator[Int] = {
+    var low = Long.MinValue
+    var high = Long.MaxValue
+    var i = 0
+    while (i < bounds.size) {
+      if (times.isNullAt(i)) return Iterator.range(0, partitions)
+      val t = times.getLong(i)
+      low = math.max(low, t - (bounds(i).behindMs + 1) * 1000L)
+      high = math.min(high, t + (bounds(i).aheadMs + 1) * 1000L)
+      i += 1
+    }
+    if (low > high) Iterator.empty
+    else {
+      val probed = new java.util.BitSet(partitions)
+      widthsMicros.foreach { width =>
+        val first = Math.floorDiv(low, width)
+        val last = Math.floorDiv(high, width)
+        if (last - first + 1 >= partitions) probed.set(0, partitions)
+        else (first to last).foreach(s => probed.set(Math.floorMod(s, partitions.toLong).toInt))
+      }
+      Iterator.iterate(probed.nextSetBit(0))(p => probed.nextSetBit(p + 1)).takeWhile(_ >= 0)
+    }
+  }
+}
+
+/**
+ * What a micro-batch counted of a stream's rows placed by an earlier slicing ([[TimeSlicing]]):
+ * the partitions that counted (`partitionsCounted`) and the rows not in the partition the current
+ * slicing puts their event time in (`earlierPlaced`). Once a batch counted none in every partition,
+ * the next one probes by the current slicing alone.
+ */
+final case class SliceDrain(storeVersion: Long, partitionsCounted: LongAccumulator, earlierPlaced: SQLMetric) {
+  /** Whether the batch before the one of `version` found no such row in any of the `partitions`. */
+  def drainedBefore(version: Long, partitions: Int): Boolean =
+    storeVersion == version - 1 && partitionsCounted.value == partitions && earlierPlaced.value == 0
+}
+
+object SliceWindow {
+  /** Event times slices are cut in: microseconds (a window's struct is not sliced). */
+  def isTimestamp(t: DataType): Boolean = t == TimestampType || t == TimestampNTZType
+
+  /** Stream `input`'s event-time column `time`, and how far the sliced input's event time may be behind and ahead of it (ms). */
+  final case class Bound(input: Int, time: Attribute, behindMs: Long, aheadMs: Long)
+}
+
 object TimeSliceRing {
   /** The seed of the Murmur3 hash Spark's HashPartitioning places rows by. */
   val HashSeed = 42
@@ -90,7 +156,7 @@ object TimeSlice {
  * time range, a band (`a.price BETWEEN b.low AND b.high`) or any other condition is given the key
  * `umjoin_time_slice(left time) = umjoin_time_slice(right time)` over each side's event-time column,
  * so Spark plans its stream-stream join, keyed by the slice, and a streaming UMJoin takes the
- * group (and spreads its state over the partitions by time slice: [[StreamingLayout.timeSliceMs]]).
+ * group (and spreads its state over the partitions by time slice: [[StreamingLayout.timeSlices]]).
  * Only where both sides' rows are evicted (each side's event time bounded by the other's in the
  * condition, both with watermarks): otherwise the state would grow forever, and the join is
  * refused with what is missing. An optimizer rule after Spark's operator optimizations (a pre-CBO

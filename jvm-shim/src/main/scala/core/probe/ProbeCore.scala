@@ -11,7 +11,7 @@ import umjoin.spark.core.store.JoinStore
 
 /** Counters of one input, shown as SQL metrics of the UMJoin node (`nullPadded`: an outer join's non-preserved side's). */
 final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric,
-    nullPadded: Option[SQLMetric] = None)
+    nullPadded: Option[SQLMetric] = None, conditionChecks: Option[SQLMetric] = None)
 
 /** The names of input i's counters: the same in batch (SQL metrics) and in streaming (the progress's custom metrics). */
 object InputMetrics {
@@ -20,6 +20,7 @@ object InputMetrics {
   def matches(i: Int): String = s"matchesInput$i"
   def earlyStops(i: Int): String = s"earlyStopsInput$i"
   def nullPadded(i: Int): String = s"nullPaddedInput$i"
+  def conditionChecks(i: Int): String = s"conditionChecksInput$i"
 }
 
 /**
@@ -53,6 +54,13 @@ object CompiledRoute {
     val goesOnAsIs: Boolean = rule.noMatch == StepRule.GoesOnAsIs
     val padded: Boolean = rule.noMatch == StepRule.Padded
     val emptyStoreEndsAll: Boolean = rule.emptyStoreEndsAll
+    private val checks: SQLMetric = metrics.conditionChecks.orNull
+
+    /** Whether `row` (the combination and a row of this input) meets the step's conditions; each test counted where counted. */
+    def holds(row: InternalRow): Boolean = condition == null || {
+      if (checks != null) checks += 1
+      condition.eval(row)
+    }
   }
 
   /**
@@ -233,7 +241,7 @@ final class ProbeCore(
     private def matchedElsewhere(k: Int): Boolean = {
       val step = route.steps(k)
       val key = step.probeKey(bound(k))
-      !key.anyNull && step.padCheck.get(key).exists(row => step.condition == null || step.condition.eval(joined(k)(bound(k), row)))
+      !key.anyNull && step.padCheck.get(key).exists(row => step.holds(joined(k)(bound(k), row)))
     }
 
     /** Starts step k: probes its store with the key of the rows bound so far. */
@@ -259,7 +267,7 @@ final class ProbeCore(
         var matched = false
         while (!matched && candidates(k).hasNext) {
           val row = joined(k)(bound(k), candidates(k).next())
-          matched = step.condition == null || step.condition.eval(row)
+          matched = step.holds(row)
         }
         candidates(k) = null
         if (matched) step.metrics.matches += 1
@@ -273,7 +281,7 @@ final class ProbeCore(
       }
       while (candidates(k) != null && candidates(k).hasNext) {
         val row = joined(k)(bound(k), candidates(k).next())
-        if (step.condition == null || step.condition.eval(row)) {
+        if (step.holds(row)) {
           step.metrics.matches += 1
           anyMatch(k) = true
           if (step.post == null || step.post.eval(row)) {
