@@ -5,13 +5,14 @@ Three streams a, b, c (`--rows` rows each, `--per-second` a second of event time
 `--dim` random floats), cut into `--batches` files in event-time order. The join: b within 10 s of a;
 c within 10 s of b and similar to a (the dot product of the two vectors above a threshold: a Python
 UDF, then a SQL expression). Spark refuses it ("Stream-stream join without equality predicate is not
-supported"). Runs, each in a JVM of its own: UMJoin with 1, 2, 4 and 8 state partitions (the
-streams' state spread over them by time slice; one partition is one slice), and what a Spark user
-can do today: a `foreachBatch` over the three streams' union that keeps each stream's window and
+supported"). Runs, each in a JVM of its own: UMJoin with N = 1, 2, 4 and 8 time slices per window
+over as many state partitions (paper 004's ring of N nodes), UMJoin as a user runs it by default (8
+partitions, `spark.umjoin.timeSlices=auto`: as many slices as cores), and what a Spark user can do today: a `foreachBatch` over the three streams' union that keeps each stream's window and
 joins, every micro-batch, the windows with the new rows (the combinations with at least one new row:
 the delta rule by hand). Per run: total time, median and largest micro-batch, output rows (equal in
-every run), predicate calls (the Python UDF's, counted by an accumulator), state rows per partition
-at the middle micro-batch, peak RSS.
+every run), predicate calls (the Python UDF's, counted by an accumulator), UMJoin's partial
+combinations sent between partitions and rows tested by its conditions, state rows per partition at
+the middle micro-batch, peak RSS.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from umjoin.local import local_builder
 
     partitions = spec["partitions"]
-    spark = with_testkit(local_builder("umjoin-bench-psp", shuffle_partitions=partitions, driver_memory="4g")).getOrCreate()
+    builder = local_builder("umjoin-bench-psp", shuffle_partitions=partitions, driver_memory="4g").config("spark.umjoin.timeSlices", spec["slices"])
+    if spec["slices"] == "auto":  # (Spark's default parallelism, which `auto` reads, is then the cores, as where nobody set it)
+        builder = builder.config("spark.default.parallelism", "2")
+    spark = with_testkit(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     calls = spark.sparkContext.accumulator(0)
 
@@ -109,6 +113,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         per_partition = [sum(s["rows"] for s in stores if s["partition"] == p and "-index-" not in s["store"]) for p in range(partitions)]
         plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
         sliced = "umjoin_time_slice_ring(" in plan
+        metrics = [p["stateOperators"][0]["customMetrics"] for p in query.recentProgress if p["stateOperators"]]
+        shipped = sum(m["partialCombinationsShipped"] for m in metrics)
+        tested = sum(m[f"conditionChecksInput{i}"] for m in metrics for i in range(len(NAMES)))
     else:
         windows: dict[str, DataFrame] = {}
         counted = [0]
@@ -139,10 +146,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         output = counted[0]
         per_partition = [sum(windows[n].count() for n in NAMES)]
         sliced = False
+        shipped = tested = None
     seconds = time.time() - started
     durations = [p["durationMs"]["triggerExecution"] for p in query.recentProgress]
     return {"seconds": seconds, "output_rows": output, "predicate_calls": calls.value if spec["predicate"] == "python" else None, "batch_ms": durations,
-            "state_rows_per_partition": per_partition, "sliced": sliced, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
+            "state_rows_per_partition": per_partition, "sliced": sliced, "shipped": shipped, "rows_tested": tested, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +174,10 @@ def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int)
         write_streams(streams, rows, per_second, batches, dim)
         for predicate in PREDICATES:
             base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint"), "predicate": predicate}
-            runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2})]
-            runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n}) for n in SLICE_COUNTS]
+            runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2, "slices": "auto"})]
+            runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n, "slices": str(n)})
+                     for n in SLICE_COUNTS]
+            runs.append(_run({**base, "name": "UMJoin, 8 partitions, slices auto", "run": "umjoin", "partitions": 8, "slices": "auto"}))
             results.append({"predicate": predicate, "runs": runs})
     (out / "psp.json").write_text(json.dumps({"rows": rows, "per_second": per_second, "batches": batches, "dim": dim,
                                               "window_seconds": WINDOW_SECONDS, "threshold": THRESHOLD, "results": results}, indent=1) + "\n")
@@ -176,18 +186,23 @@ def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int)
              f"each ({per_second} a second of event time, each with a vector of {dim} floats), {batches} micro-batches; b within "
              f"{WINDOW_SECONDS} s of a, c within {WINDOW_SECONDS} s of b and similar to a (dot product above {THRESHOLD}): as a Python UDF "
              "(evaluated by Spark above the join, in Python workers) and as a SQL expression (evaluated in the join). One JVM per run, "
-             "local[2]. Ratios: against UMJoin with one slice. The foreachBatch's state: the rows it holds after the last batch (each "
+             "local[2]. UMJoin with N slices: N slices per window over N state partitions; 'slices auto': 8 partitions, as many slices as "
+             "cores (2). Ratios: against UMJoin with one slice. Sent: partial combinations sent between partitions; tested: rows tested "
+             "by UMJoin's conditions. The foreachBatch's state: the rows it holds after the last batch (each "
              f"stream's last {2 * WINDOW_SECONDS} s).", ""]
     for result in results:
         runs = result["runs"]
         one = runs[1]
         lines += [f"Similarity as {'a Python UDF' if result['predicate'] == 'python' else 'a SQL expression'}:", "",
-                  "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms | largest batch ms | output rows | predicate calls | state rows per partition (middle batch) | peak RSS |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms (/ 1 slice) | largest batch ms | output rows | "
+                  "predicate calls | sent | tested | state rows per partition (middle batch) | peak RSS |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             calls = r["predicate_calls"] if r["predicate_calls"] is not None else "not counted"
             lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['seconds'] / one['seconds']:.2f} | {3 * rows / r['seconds']:.0f} | "
-                         f"{r['median_batch_ms']:.0f} | {max(r['batch_ms'])} | {r['output_rows']} | {calls} | "
+                         f"{r['median_batch_ms']:.0f} ({r['median_batch_ms'] / one['median_batch_ms']:.2f}) | {max(r['batch_ms'])} | "
+                         f"{r['output_rows']} | {calls} | {r.get('shipped') if r.get('shipped') is not None else '-'} | "
+                         f"{r.get('rows_tested') if r.get('rows_tested') is not None else '-'} | "
                          f"{', '.join(map(str, r['state_rows_per_partition']))} | {r['peak_rss'] / 2**20:.0f} MB |")
         lines.append("")
     equal = len({r["output_rows"] for result in results for r in result["runs"]}) == 1

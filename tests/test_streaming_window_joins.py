@@ -150,8 +150,8 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
 
 @pytest.mark.parametrize(("streams", "runs"), [
     (2, ((1, 1), (4, 4), (4, 1))),
-    (3, ((1, 1), (2, 2), (3, 3), (5, 5), (8, 8), (8, 3))),
-    (5, ((1, 1), (6, 6), (6, 2))),
+    (3, ((1, 1), (2, 2), (3, 3), (5, 5), (6, 6), (8, 8), (8, 3))),
+    (5, ((1, 1), (7, 7), (6, 2))),
 ])
 def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(
         spark: SparkSession, tmp_path: Path, streams: int, runs: tuple[tuple[int, int], ...]) -> None:
@@ -231,11 +231,14 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
     assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
 
 
+@pytest.mark.parametrize(("first", "earlier_record"), [(2, False), (6, True)])
 def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_row_once_to_a_file_sink(
-        spark: SparkSession, tmp_path: Path) -> None:
-    """The query stops halfway with its rows spread over 2 slices per window and restarts with 3: the new rows
-    are placed by the new slices, the stored ones stay where they are and are probed there until none is left.
-    The file sink holds what Spark's own joins (keyed by the slice) put out over the same restart, each row once."""
+        spark: SparkSession, tmp_path: Path, first: int, earlier_record: bool) -> None:
+    """The query stops halfway with its rows spread over `first` slices per window and restarts with 3: the new
+    rows are placed by the new slices, the stored ones stay where they are and are probed there until none is
+    left. The file sink holds what Spark's own joins (keyed by the slice) put out over the same restart, each row
+    once. With `earlier_record`, the layout record is as the version before slice counts wrote it (the width
+    only, a slice per partition)."""
     rng = random.Random(4)
     streams = random_rows(rng)
     write_in_batches(tmp_path, streams, rng)
@@ -253,24 +256,32 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
                     .option("checkpointLocation", str(tmp_path / f"ck-{name}")).option("path", str(tmp_path / f"out-{name}")) \
                     .trigger(availableNow=True).start()
                 query.awaitTermination()
+            for record in (tmp_path / f"ck-{name}" / "state").glob("*/_umjoin_layout.json"):
+                if earlier_record and not half:
+                    layout = json.loads(record.read_text())
+                    for item in layout["inputs"]:
+                        del item["timeSlices"], item["earlierTimeSliceMs"]
+                    record.write_text(json.dumps(layout))
+                    (record.parent / f".{record.name}.crc").unlink()  # (Hadoop's checksum of the file as it was)
         return sorted(tuple(row) for row in spark.read.parquet(str(tmp_path / f"out-{name}")).collect()), query
 
     with temporary_conf(spark, settings):
-        on, umjoin = to_files("on", ("2", "3"))
+        on, umjoin = to_files("on", (str(first), "3"))
         with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = to_files("off", ("2", "3"))
+            off, _ = to_files("off", (str(first), "3"))
 
     assert on == off and on  # (the same rows, each as often)
-    # The checkpoint: the layout as it started (2 slices per window), and the change, recorded by the batch that made it.
+    # The checkpoint: the layout as it started, and the change, recorded by the batch that made it.
     operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
-    assert [item["timeSlices"] for item in json.loads((operator / "_umjoin_layout.json").read_text())["inputs"]] == [2, 2, 2]
+    started = [item.get("timeSlices") for item in json.loads((operator / "_umjoin_layout.json").read_text())["inputs"]]
+    assert started == ([None] * 3 if earlier_record else [first] * 3)
     changes = sorted(operator.glob("_umjoin_slices_*.json"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
     assert changes and [item["timeSlices"] for item in json.loads(changes[0].read_text())] == [3, 3, 3], changes
     assert all(item["earlierTimeSliceMs"] for item in json.loads(changes[0].read_text())), changes
     # Once a micro-batch found no row placed by the slices before, the next one probed by the new slices alone.
     assert len(changes) == 2 and all(item["earlierTimeSliceMs"] == [] and item["timeSlices"] == 3 for item in json.loads(changes[1].read_text()))
     progress = [p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]]
-    # Rows placed by 2 slices per window were probed where they are after the restart, until all were evicted.
+    # Rows placed by the first slices were probed where they are after the restart, until all were evicted.
     assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
     plan = executed_plan(umjoin)
     assert plan.count("3 time slices per window") == 3 and "still probed there" not in plan, plan

@@ -157,8 +157,8 @@ object UMJoinConf {
   val TimeSlices: Setting[Option[Int]] = Setting("spark.umjoin.timeSlices", Some("auto"), "auto or an integer >= 1",
     "streaming, joins without an equi-join key: how many time slices the event times a stream's row joins across are " +
       "cut into, each slice's rows in one state partition (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key)); " +
-      "a combination is probed in the partitions of the slices its time range overlaps. `auto`: the cores of the " +
-      "application (`defaultParallelism`), at most the state partitions. When the count changes between micro-batches " +
+      "a combination is probed in the partitions of the slices its time range overlaps. `auto`: Spark's default " +
+      "parallelism (`spark.default.parallelism`, else the application's cores), at most the state partitions. When the count changes between micro-batches " +
       "(the cores, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire",
     value => value.trim.toLowerCase(Locale.ROOT) match {
       case "auto" => Some(None)
