@@ -196,7 +196,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
    * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`;
-   * its event times cut into `timeSlices` slices where it has no equi-join key, None: as many as the cores).
+   * its event times cut into `timeSlices` slices where it has no equi-join key, None: Spark's default parallelism).
    * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
@@ -327,15 +327,17 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
         def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
           .filter(_ > 0).maxOption
-        // As many slices as cores by default: one partition's slice per core probed at once, and each further slice only more combinations sent.
+        // As many slices as tasks run at once by default (Spark's default parallelism: the cores unless set): each slice more only sends more.
         val slices = timeSlices.getOrElse(session.sparkContext.defaultParallelism).min(info.numPartitions)
         val drains = StreamingRegistry.run(info.queryRunId, session.sparkContext).sliceDrains
         def drained(i: Int): Boolean = Option(drains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
         // The time slicing last recorded; a micro-batch that recorded a change (run again after a failure) keeps it.
-        def continued(recorded: StreamingLayout): StreamingLayout = checkpoint.get.recordedSlicing(info.storeVersion) match {
-          case Some((version, slicing)) if version == info.storeVersion => recorded.copy(timeSlices = slicing)
-          case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained)
-        }
+        def continued(recorded: StreamingLayout): StreamingLayout =
+          if (!recorded.timeSlices.exists(_.isDefined)) recorded
+          else checkpoint.get.recordedSlicing(info.storeVersion) match {
+            case Some((version, slicing)) if version == info.storeVersion => recorded.copy(timeSlices = slicing)
+            case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained)
+          }
         checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
           val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
