@@ -57,10 +57,7 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   def recordedLayout(graph: JoinGraph, outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
     if (!fs.exists(layoutFile)) Right(None)
     else {
-      val text = try {
-        val in = fs.open(layoutFile)
-        try Right(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
-      } catch {
+      val text = try Right(textOf(layoutFile)) catch {
         case e: java.io.IOException => Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
       }
       text.flatMap(fromJson(_, graph, outputs, info.numPartitions).map(Some(_)).left.map(refusal))
@@ -80,11 +77,7 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   def recordedSlicing(version: Long): Option[(Long, IndexedSeq[Option[TimeSlicing]])] = {
     val Recorded = "_umjoin_slices_(\\d+)\\.json".r
     val versions = fs.listStatus(layoutFile.getParent).map(_.getPath.getName).collect { case Recorded(v) => v.toLong }.filter(_ <= version)
-    versions.maxOption.map { v =>
-      val in = fs.open(slicingFile(v))
-      val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
-      v -> slicingFromJson(parse(text))
-    }
+    versions.maxOption.map(v => v -> slicingFromJson(parse(textOf(slicingFile(v)))))
   }
 
   /** Records that micro-batch `version` changed the time slicing to the layout's (once: a re-run of the batch reads it back). */
@@ -96,13 +89,15 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   }
 
   /** The time slicing the layout record was written with. */
-  private def recordedLayoutSlicing: IndexedSeq[Option[TimeSlicing]] = {
-    val in = fs.open(layoutFile)
-    val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
-    parse(text) \ "inputs" match {
+  private def recordedLayoutSlicing: IndexedSeq[Option[TimeSlicing]] =
+    parse(textOf(layoutFile)) \ "inputs" match {
       case JArray(items) => items.map(item => timeSlicing(item, info.numPartitions)).toIndexedSeq
       case _ => IndexedSeq.empty
     }
+
+  private def textOf(path: Path): String = {
+    val in = fs.open(path)
+    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
   }
 
   private def write(path: Path, text: String): Unit = {
