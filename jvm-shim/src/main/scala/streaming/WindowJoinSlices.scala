@@ -63,8 +63,7 @@ final case class TimeSliceRing(child: Expression, widthMs: Long, partitions: Int
     found
   }
 
-  override protected def nullSafeEval(time: Any): Any =
-    keys(Math.floorMod(Math.floorDiv(time.asInstanceOf[Long], widthMs * 1000L), partitions.toLong).toInt)
+  override protected def nullSafeEval(time: Any): Any = keys(TimeSliceRing.partitionOf(time.asInstanceOf[Long], widthMs, partitions))
   override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
     val table = ctx.addReferenceObj("sliceKeys", keys, "long[]")
     defineCodeGen(ctx, ev, t => s"$table[(int) java.lang.Math.floorMod(java.lang.Math.floorDiv($t, ${widthMs * 1000L}L), ${partitions}L)]")
@@ -85,7 +84,7 @@ final case class SliceWindow(widthsMs: Seq[Long], partitions: Int, bounds: Seq[S
   private val widthsMicros = widthsMs.map(_ * 1000L).toArray
 
   /** The partition a row of event time `micros` is placed in now. */
-  def placement(micros: Long): Int = Math.floorMod(Math.floorDiv(micros, widthsMicros(0)), partitions.toLong).toInt
+  def placement(micros: Long): Int = TimeSliceRing.partitionOf(micros, widthsMs.head, partitions)
 
   /**
    * The partitions to probe for a combination whose bound streams' event times (microseconds,
@@ -139,6 +138,10 @@ object SliceWindow {
 object TimeSliceRing {
   /** The seed of the Murmur3 hash Spark's HashPartitioning places rows by. */
   val HashSeed = 42
+
+  /** The partition of the slice event time `micros` falls in (the generated code of [[TimeSliceRing]] computes the same). */
+  def partitionOf(micros: Long, widthMs: Long, partitions: Int): Int =
+    Math.floorMod(Math.floorDiv(micros, widthMs * 1000L), partitions.toLong).toInt
 }
 
 object TimeSlice {
