@@ -201,6 +201,39 @@ def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_o
     assert all(tested[run] < tested[(1, 1)] for run in runs if run[0] > run[1] + 1), tested
 
 
+def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simple_conditions_leave(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A costly condition of all three streams written before the time ranges and bands: the last step of every
+    route checks the conditions that cannot fail first (paper 004: cheap predicates before the expensive one), so
+    the UDF is called once per combination they leave, as often as a nested loop testing it last calls it."""
+    streams = random_rows(random.Random(21))
+    write_in_batches(tmp_path, streams, None)
+    spark.udf.registerJavaFunction("umjoin_similar", "umjoin.spark.testkit.CountedSimilarity", BooleanType())
+    frames = {n: stream(spark, tmp_path / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
+
+    def near(x: str, y: str):  # type: ignore[no-untyped-def]
+        return F.col(x).between(F.col(y) - F.expr("interval 5 minutes"), F.col(y) + F.expr("interval 5 minutes"))
+
+    ab = frames["a"].join(frames["b"], near("b_ts", "a_ts") & (F.col("a_p") <= F.col("b_p"))).withMetadata("a_ts", {})
+    similar = F.expr("umjoin_similar(a_k, b_k + c_k)")
+    query = ab.join(frames["c"], similar & near("c_ts", "b_ts") & F.col("c_p").between(F.col("a_p"), F.col("b_p")))
+
+    def simple(a: tuple, b: tuple, c: tuple) -> bool:  # type: ignore[type-arg]
+        return abs(b[2] - a[2]) <= NEAR and a[1] <= b[1] and abs(c[2] - b[2]) <= NEAR and a[1] <= c[1] <= b[1]
+
+    left_to_the_udf = [(*a, *b, *c) for a, b, c in itertools.product(*(streams[n] for n in NAMES)) if simple(a, b, c)]
+    expected = sorted(row for row in left_to_the_udf if row[0] != (row[3] + row[6] + 1) % 3)
+    assert expected and len(expected) < len(left_to_the_udf) < len(streams["a"]) * len(streams["b"]) * len(streams["c"]) / 10
+    counted = spark._jvm.umjoin.spark.testkit.CountedSimilarity  # type: ignore[union-attr]
+    counted.takeCalls()
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.timeSlices": "2"}):
+        run, emitted = run_by_batch(query, tmp_path / "ck", tmp_path / "out")
+    assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
+    assert counted.takeCalls() == len(left_to_the_udf)
+    plan = executed_plan(run)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "umjoin_similar" in plan, plan
+
+
 @pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
 def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_batch_by_micro_batch(
         spark: SparkSession, tmp_path: Path, seed: int, keyed: bool, provider: str) -> None:

@@ -22,7 +22,8 @@ object StoreIndex {
  * are all bound: one through the route's edge where there is one, the widest such;
  * every other equality the join requires (further classes already bound, further expressions of an
  * input in a class) becomes a condition, with the residual conditions, checked as soon as the inputs
- * it reads are bound. So any route over any indexes computes the same join.
+ * it reads are bound, those that cannot fail first ([[ConditionOrder]]). So any route over any
+ * indexes computes the same join.
  */
 object ProbeSteps {
 
@@ -60,10 +61,10 @@ object ProbeSteps {
       val nowBound = bound + input
       val residuals = joinGraph.residuals.filter(r => !placed.contains(r) && r.inputs.subsetOf(nowBound))
       placed ++= residuals
-      if (!joinGraph.outer.contains(input)) (equalities ++ residuals.map(_.condition), Nil)
+      if (!joinGraph.outer.contains(input)) (ConditionOrder.cheapFirst(equalities ++ residuals.map(_.condition)), Nil)
       else {
         val (on, after) = residuals.partition(_.outer.contains(input))
-        (on.map(_.condition), equalities ++ after.map(_.condition))
+        (ConditionOrder.cheapFirst(on.map(_.condition)), ConditionOrder.cheapFirst(equalities ++ after.map(_.condition)))
       }
     }
 
