@@ -27,8 +27,8 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
     ("key", "value", "expected"),
     [
         ("spark.umjoin.enabled", "maybe", "expected true or false"),
-        ("spark.umjoin.minInputs", "three", "expected an integer >= 2"),
-        ("spark.umjoin.minInputs", "1", "expected an integer >= 2"),
+        ("spark.umjoin.minInputs", "three", "expected auto or an integer >= 2"),
+        ("spark.umjoin.minInputs", "1", "expected auto or an integer >= 2"),
         ("spark.umjoin.stateBackend", "disk", "expected auto or memory or rocksdb"),
         ("spark.umjoin.rocksdb.writeBufferSize", "lots", "a size such as 64k, 8m or 1g, at least 65536 bytes"),
         ("spark.umjoin.rocksdb.writeBufferSize", "-8m", "a size such as 64k, 8m or 1g"),

@@ -168,7 +168,8 @@ def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_o
     tested = {}
     for partitions, slices in runs:
         calls = spark.sparkContext.accumulator(0)
-        settings = {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.minInputs": "2", "spark.umjoin.timeSlices": str(slices)}
+        # (No spark.umjoin.minInputs: by default two streams joined without an equi-key are a StreamingUMJoin.)
+        settings = {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.timeSlices": str(slices)}
         with temporary_conf(spark, settings):
             name = f"{partitions}-{slices}"
             query, emitted = run_by_batch(chain_query(spark, tmp_path, names, calls), tmp_path / f"ck{name}", tmp_path / f"out{name}")

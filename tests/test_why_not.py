@@ -34,7 +34,7 @@ def views(spark: SparkSession) -> Iterator[None]:
     ("SELECT /*+ MERGE(y) */ * FROM x JOIN y ON x.k = y.k JOIN z ON y.k = z.k",
      "the INNER join of ", "it carries a join strategy hint, which Spark follows"),
     ("SELECT * FROM x JOIN y ON x.k = y.k",
-     "the INNER join of ", "its group has 2 inputs, fewer than spark.umjoin.minInputs=3"),
+     "the INNER join of ", "its group has 2 inputs, fewer than spark.umjoin.minInputs (3)"),
     ("SELECT * FROM x JOIN y ON x.k = y.k JOIN z ON y.j = z.j",
      "the INNER join of ", "cannot run as one UMJoin"),
 ], ids=["non-equi", "full-outer", "hint", "below-minInputs", "no-broadcast-no-shared-key"])

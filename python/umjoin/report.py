@@ -182,7 +182,8 @@ def run_report(spark: SparkSession, sf: float, out: Path, queries: list[int], re
     """Runs the report over ``queries`` at scale factor ``sf`` and writes it to ``out``."""
     tpch.register(spark, tpch.generate(sf))
     schema = tpch.schema()
-    min_inputs = int(spark.conf.get("spark.umjoin.minInputs", "3"))
+    setting = str(spark.conf.get("spark.umjoin.minInputs", "auto")).strip()
+    min_inputs = 3 if setting.lower() == "auto" else int(setting)  # (auto: 3 in batch; 2 only for streams joined without an equi-key)
     progress = Progress(len(queries))
     results, comparisons = [], {}
     for number in queries:

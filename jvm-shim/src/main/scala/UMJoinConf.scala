@@ -16,14 +16,22 @@ import umjoin.spark.core.store.{RocksDBSettings, StateBackend, StoreSettings}
  */
 final case class UMJoinConf(
     enabled: Boolean,
-    minInputs: Int,
+    minInputs: Option[Int],
     stores: StoreSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
     storeStaticTables: Boolean,
     staticCache: StaticCacheSettings,
     probeOrder: ProbeOrderSettings,
-    timeSlices: Option[Int])
+    timeSlices: Option[Int]) {
+
+  /**
+   * The fewest inputs a group needs to be converted: the setting, else 3 (two inputs are a plain
+   * hash join), or 2 for a streaming group with a join without an equi-join key, which UMJoin
+   * spreads over the state partitions by time slice where Spark's join keeps it in one partition.
+   */
+  def minInputsOf(timeSliced: Boolean): Int = minInputs.getOrElse(if (timeSliced) 2 else 3)
+}
 
 /**
  * One `spark.umjoin.*` setting, declared once: its key, its default as the text `spark.conf.set`
@@ -80,8 +88,14 @@ object Setting {
 object UMJoinConf {
   val Enabled: Setting[Boolean] = Setting.boolean("spark.umjoin.enabled", default = true,
     "convert join trees into UMJoin nodes in this session")
-  val MinInputs: Setting[Int] = Setting.int("spark.umjoin.minInputs", default = 3, min = 2,
-    "smallest group converted (a 2-input group is a plain hash join)")
+  val MinInputs: Setting[Option[Int]] = Setting("spark.umjoin.minInputs", Some("auto"), "auto or an integer >= 2",
+    "smallest group converted. `auto`: 3 (a 2-input group is a plain hash join), and 2 for a stream-stream join without " +
+      "an equi-join key, which a StreamingUMJoin spreads over the state partitions by time slice where Spark's join keeps " +
+      "all its state in one (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key))",
+    value => value.trim.toLowerCase(Locale.ROOT) match {
+      case "auto" => Some(None)
+      case number => number.toIntOption.filter(_ >= 2).map(Some(_))
+    })
   val RulesDir: Setting[String] = Setting("spark.umjoin.rulesDir", None, "a directory", static = true,
     doc = "a directory holding `batch.yaml` and `streaming.yaml` that replace the built-in member patterns " +
       "(default: the rules built into the jar)",

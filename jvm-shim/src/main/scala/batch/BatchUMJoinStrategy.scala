@@ -35,7 +35,7 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     plan match {
       // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
       case join: Join if conf.enabled && !join.isStreaming =>
-        new GroupSplitting[LogicalPlan, UMJoinPlan](tsc, patterns.roleOf, conf.minInputs, tryPlan, probesBeforeShuffle).groupAt(join) match {
+        new GroupSplitting[LogicalPlan, UMJoinPlan](tsc, patterns.roleOf, _ => conf.minInputsOf(timeSliced = false), tryPlan, probesBeforeShuffle).groupAt(join) match {
           case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
           case Left(reason) =>
             explainRefusal(join, if (reason == GroupSplitting.NotAGroupRoot) patterns.whyNot(join) else Some(reason))

@@ -15,13 +15,14 @@ final case class Cut[T](node: T, inputsBelow: Set[Int])
  * whole group cannot (its inputs cannot be distributed, or are not all connected by keys), the
  * group is split at one of its joins and tried again: the split-off subtree becomes an input of the
  * rest and forms its own groups when it is planned in turn. A plan that works may still ask for a
- * cut (`preferredCut`), e.g. to run some joins before a shuffle. `tryPlan` plans a group for the
+ * cut (`preferredCut`), e.g. to run some joins before a shuffle. A group converts with at least
+ * `minInputs(group)` inputs. `tryPlan` plans a group for the
  * path (batch or streaming), or says why it cannot run as one UMJoin.
  */
 final class GroupSplitting[T <: TreeNode[T], P](
     tsc: TwoStepConvert[T],
     roleOf: T => Option[MemberRole],
-    minInputs: Int,
+    minInputs: MultiJoinGroup[T] => Int,
     tryPlan: MultiJoinGroup[T] => Either[String, P],
     preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]] = (_: MultiJoinGroup[T], _: P, _: Seq[Cut[T]]) => None) {
   import GroupSplitting.NotAGroupRoot
@@ -37,8 +38,8 @@ final class GroupSplitting[T <: TreeNode[T], P](
 
     def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
       case None => Left(NotAGroupRoot)
-      case Some(group) if group.inputs.size < minInputs =>
-        Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs=$minInputs")
+      case Some(group) if group.inputs.size < minInputs(group) =>
+        Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs (${minInputs(group)})")
       case Some(group) => tryPlan(group) match {
         case Right(plan) => preferredCut(group, plan, cuts(group, roleOf)) match {
           case Some(cut) => attempt(splitAt :+ cut.node)
@@ -53,7 +54,7 @@ final class GroupSplitting[T <: TreeNode[T], P](
           else {
             val scored = possible.map { cut =>
               val rest = rootGroup(splitAt :+ cut.node)
-              (cut, rest.exists(g => g.inputs.size >= minInputs && tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
+              (cut, rest.exists(g => g.inputs.size >= minInputs(g) && tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
             }
             val best = scored.maxBy { case (_, plans, size) => (plans, size) }
             attempt(splitAt :+ best._1.node)

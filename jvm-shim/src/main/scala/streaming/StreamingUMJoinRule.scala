@@ -111,7 +111,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
       val mismatched = mutable.Map[Long, String]()
       val accepted =
-        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, conf.minInputs,
+        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, g => conf.minInputsOf(timeSliced(g)),
           tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, conf.timeSlices, newOperator, mismatched))
           .acceptedGroups(plan, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
@@ -359,6 +359,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         }
       }
     }
+  }
+
+  /** Whether a stream-stream join of the group has no equi-join key but the time slice ([[WindowJoinSlices]]). */
+  private def timeSliced(group: MultiJoinGroup[SparkPlan]): Boolean = group.members.exists {
+    case j: StreamingSymmetricHashJoinExec => j.leftKeys.exists(_.isInstanceOf[TimeSlice])
+    case _ => false
   }
 
   /**

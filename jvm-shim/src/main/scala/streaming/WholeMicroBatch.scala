@@ -41,7 +41,7 @@ final class WholeMicroBatchStrategy(session: SparkSession) extends SparkStrategy
     root.isStreaming && WholeMicroBatchStrategy.sparkPlansAdaptively(sqlConf) &&
       conf.enabled && conf.storeStaticTables && !root.exists { case j: Join => j.left.isStreaming && j.right.isStreaming; case _ => false } &&
       root.collect { case j: Join => joinedInputs(j) }.exists { inputs =>
-        inputs.size >= conf.minInputs && inputs.exists(_.isStreaming) && inputs.exists(storable(_, sqlConf))
+        inputs.size >= conf.minInputsOf(timeSliced = false) && inputs.exists(_.isStreaming) && inputs.exists(storable(_, sqlConf))
       }
   }
 
