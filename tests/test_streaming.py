@@ -608,27 +608,45 @@ def test_invalid_state_ttl_fails_with_a_clear_error(spark: SparkSession, tmp_pat
     assert "spark.umjoin.stateTtl" in str(failure.value) and message in str(failure.value)
 
 
-@pytest.mark.parametrize("first", ["false", "true"])
-def test_checkpoint_of_the_other_join_operator_is_refused_clearly(spark: SparkSession, tmp_path: Path, first: str) -> None:
-    """A checkpoint keeps the state layout it was written with: restarting with UMJoin toggled names the problem."""
+def _run_star_to_files(spark: SparkSession, directory: Path) -> StreamingQuery:
+    frames = {n: stream(spark, directory / n, f"{n}_k BIGINT") for n in "xyz"}
+    query = (star(frames, "xyz").writeStream.format("parquet").option("path", str(directory / "out"))
+             .option("checkpointLocation", str(directory / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    return query
+
+
+def test_a_checkpoint_of_a_streaming_umjoin_restarted_without_umjoin_is_refused_clearly(spark: SparkSession, tmp_path: Path) -> None:
+    """A checkpoint keeps the state layout it was written with: Spark's joins cannot read a StreamingUMJoin's state."""
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,), (2,)]])
-
-    def run_once() -> None:
-        frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT") for n in "xyz"}
-        query = (star(frames, "xyz").writeStream.format("parquet").option("path", str(tmp_path / "out"))
-                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-        query.awaitTermination()
-
-    with temporary_conf(spark, {"spark.umjoin.enabled": first}):
-        run_once()
+    _run_star_to_files(spark, tmp_path)
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,)]])
-    with temporary_conf(spark, {"spark.umjoin.enabled": "true" if first == "false" else "false"}):
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         with pytest.raises(Exception) as failure:
-            run_once()
-    expected = "written without UMJoin; UMJoin cannot continue it" if first == "false" else "holds StreamingUMJoin state for operator"
-    assert expected in str(failure.value)
+            _run_star_to_files(spark, tmp_path)
+    assert "holds StreamingUMJoin state for operator" in str(failure.value)
+
+
+def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_goes_on_with_sparks_joins_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
+    """Written with UMJoin off (or by a version that did not convert the join), the state is Spark's joins':
+    with UMJoin on they go on as they ran, every row once, and the reason is reported."""
+    keys = {name: [[1, 2], [1]] for name in "xyz"}
+    for name, batches in keys.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(k,) for k in batches[0]]])
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        _run_star_to_files(spark, tmp_path)
+    for name, batches in keys.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(k,) for k in batches[1]]])
+    query = _run_star_to_files(spark, tmp_path)
+
+    assert "StreamingUMJoin" not in executed_plan(query)
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    every = {name: [k for batch in batches for k in batch] for name, batches in keys.items()}
+    assert rows == sorted((x, y, z) for x in every["x"] for y in every["y"] for z in every["z"] if x == y == z)
+    reasons = plans.unconverted_streaming_joins(spark, query)
+    assert any("holds the state of operator" in r and "written when its join ran on its own" in r for r in reasons), reasons
 
 
 def test_adaptive_probe_order_keeps_statistics_across_batches_and_the_answer(spark: SparkSession, tmp_path: Path) -> None:

@@ -265,9 +265,9 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
     assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
 
 
-@pytest.mark.parametrize(("first", "earlier_record"), [(2, False), (6, True)])
+@pytest.mark.parametrize(("first", "earlier_record", "provider"), [(2, False, "rocksdb"), (6, True, "hdfs")])
 def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_row_once_to_a_file_sink(
-        spark: SparkSession, tmp_path: Path, first: int, earlier_record: bool) -> None:
+        spark: SparkSession, tmp_path: Path, first: int, earlier_record: bool, provider: str) -> None:
     """The query stops halfway with its rows spread over `first` slices per window and restarts with 3: the new
     rows are placed by the new slices, the stored ones stay where they are and are probed there until none is
     left. The file sink holds what Spark's own joins (keyed by the slice) put out over the same restart, each row
@@ -278,7 +278,7 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
     write_in_batches(tmp_path, streams, rng)
     for n, name in enumerate(NAMES):  # (a micro-batch more, after the one whose watermark ends every window)
         write_batches(tmp_path / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
-    settings = {"spark.sql.shuffle.partitions": "6"}
+    settings = {"spark.sql.shuffle.partitions": "6", **(ROCKSDB if provider == "rocksdb" else {})}
 
     def to_files(name: str, slices: tuple[str, str]) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
         put_back = hold_back_second_half(tmp_path, list(NAMES))

@@ -449,12 +449,7 @@ private[streaming] final class StageTask(
           metrics.static(j).cachedKeys += cache.cachedKeys
           metrics.static(j).cachedBytes += cache.cachedBytes
       }
-      writer.commit()
-      metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
-      CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
-      metrics.stateRows(j) += writer.rowCount
-      metrics.indexEntries(j) += writer.indexEntryCount
-      if (writer.rowCount > 0) metrics.slicePartitions.get(j).foreach(_ += 1)
+      // Counted before the commit: a committed RocksDB store can no longer be read in this task.
       metrics.sliceDrains.get(j).foreach { drain =>
         val window = job.slices(j)
         val time = GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
@@ -464,6 +459,12 @@ private[streaming] final class StageTask(
         }
         drain.partitionsCounted.add(1)
       }
+      writer.commit()
+      metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
+      CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
+      metrics.stateRows(j) += writer.rowCount
+      metrics.indexEntries(j) += writer.indexEntryCount
+      if (writer.rowCount > 0) metrics.slicePartitions.get(j).foreach(_ += 1)
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }

@@ -44,6 +44,13 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   def hasUMJoinState: Boolean = hasLayout || hasStoresWithoutLayout
 
   /**
+   * Whether Spark's stream-stream join kept its state here: no StreamingUMJoin's, and a store with
+   * files beside its schema (which Spark writes for every planned join's stores, converted or not).
+   */
+  def hasSparkJoinState: Boolean = !hasUMJoinState && fs.exists(partition0) &&
+    fs.listStatus(partition0).filter(_.isDirectory).exists(store => fs.listStatus(store.getPath).exists(_.getPath.getName != "_metadata"))
+
+  /**
    * Whether the operator committed its stores in the previous micro-batch (so this one can read
    * them): the first stored input's store in partition 0 has a file of this batch's version, as
    * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).

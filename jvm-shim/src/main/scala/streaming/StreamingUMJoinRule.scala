@@ -240,7 +240,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
     val recorded = stateful.isEmpty && checkpoint.exists(_.hasLayout)
+    // State the group would not read: Spark's join's (UMJoin off, or the join not converted then), or that of a
+    // StreamingUMJoin under a join other than the group's first. Those joins go on as they ran.
+    val ranOnItsOwn = stateful.zipWithIndex.map { case (j, k) => (j.getStateInfo, k) }.filter { case (s, k) =>
+      lazy val written = new OperatorCheckpoint(s, session.sessionState.newHadoopConf())
+      s.storeVersion > 0 && (written.hasSparkJoinState || k > 0 && written.hasUMJoinState)
+    }.map(_._1)
     if (streams.isEmpty) Left("it reads no stream")
+    else if (ranOnItsOwn.nonEmpty) Left(s"the checkpoint ${ranOnItsOwn.head.checkpointLocation} holds the state of operator " +
+      s"${ranOnItsOwn.map(_.operatorId).mkString(", ")}, written when its join ran on its own (as Spark's join, or as another " +
+      "StreamingUMJoin): it goes on as it ran (a new checkpoint location runs the group as one)")
     else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
     else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
       "broadcast or read again every micro-batch (spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), " +
