@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     static.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     psp = commands.add_parser("psp", parents=[data], help="paper 004's setting: a 3-way window join without an equi-join key "
-                              "(a similarity UDF), UMJoin with 1, 2, 4, 8 time slices against a foreachBatch that joins by hand")
+                              "(a similarity UDF), UMJoin with 1, 2, 4, 8 time slices against a foreachBatch that joins by hand; then two streams, "
+                              "Spark's join keyed by the slice against a StreamingUMJoin")
     psp.add_argument("--rows", type=whole_number, default=1200, help="rows per stream (default 1200)")
     psp.add_argument("--per-second", type=whole_number, default=2, help="rows per second of event time (default 2)")
     psp.add_argument("--batches", type=whole_number, default=20, help="micro-batches the streams are cut into (default 20)")
@@ -107,9 +108,10 @@ def _run(args: argparse.Namespace) -> None:
 
         run_static_bench(args.sf, args.batches, args.out)
     elif args.command == "psp":
-        from bench.psp import run_psp_bench
+        from bench.psp import run_pair_bench, run_psp_bench
 
         run_psp_bench(args.out, args.rows, args.per_second, args.batches, args.dim)
+        run_pair_bench(args.out, args.batches, args.dim)
     elif args.command == "probe-order":
         from bench.probe_order import run_probe_order_bench
 

@@ -13,6 +13,10 @@ the delta rule by hand). Per run: total time, median and largest micro-batch, ou
 every run), predicate calls (the Python UDF's, counted by an accumulator), UMJoin's partial
 combinations sent between partitions and rows tested by its conditions, state rows per partition at
 the middle micro-batch, peak RSS.
+
+Then two streams a and b, denser (`PAIR_ROWS` at `PAIR_PER_SECOND`), b within 10 s of a and similar to it, over 8
+partitions: Spark's join keyed by the slice (`spark.umjoin.minInputs=3`: all its state in one partition) against the
+default, a StreamingUMJoin spread over the partitions by time slice.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 from bench import reported_on_fresh_checkpoint
 
-__all__ = ["PREDICATES", "SLICE_COUNTS", "run_psp_bench"]
+__all__ = ["PREDICATES", "SLICE_COUNTS", "run_pair_bench", "run_psp_bench"]
 
 SLICE_COUNTS = (1, 2, 4, 8)
 NAMES = ("a", "b", "c")
@@ -73,7 +77,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from umjoin.local import local_builder
 
     partitions = spec["partitions"]
-    builder = local_builder("umjoin-bench-psp", shuffle_partitions=partitions, driver_memory="4g").config("spark.umjoin.timeSlices", spec["slices"])
+    builder = local_builder("umjoin-bench-psp", shuffle_partitions=partitions, driver_memory="4g").config("spark.umjoin.timeSlices", spec["slices"]) \
+        .config("spark.umjoin.minInputs", spec.get("min_inputs", "auto"))
     if spec["slices"] == "auto":  # (Spark's default parallelism, which `auto` reads, is then the cores, as where nobody set it)
         builder = builder.config("spark.default.parallelism", "2")
     spark = with_testkit(builder).getOrCreate()
@@ -101,7 +106,21 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         return F.col(x).between(F.col(y) - F.expr(f"interval {WINDOW_SECONDS} seconds"), F.col(y) + F.expr(f"interval {WINDOW_SECONDS} seconds"))
 
     started = time.time()
-    if spec["run"] == "umjoin":
+    if spec["run"] == "pair":  # a joined with b: Spark's join keyed by the slice, or a StreamingUMJoin, as spark.umjoin.minInputs says
+        w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES[:2]}
+        joined = w["a"].join(w["b"], near("b_ts", "a_ts") & similarity("a_vec", "b_vec")).select("a_id", "b_id")
+        query = joined.writeStream.format("memory").queryName("pair").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+        query.awaitTermination()
+        output = spark.table("pair").count()
+        middle = query.recentProgress[len(query.recentProgress) // 2]["batchId"]
+        stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), middle))  # type: ignore[union-attr]
+        # The stored rows: UMJoin's input stores; Spark's stores of rows by key and index (the others count keys).
+        kept = [s for s in stores if (s["store"].startswith("umjoin-input-") and "-index-" not in s["store"]) or s["store"].endswith("keyWithIndexToValue")]
+        per_partition = [sum(s["rows"] for s in kept if s["partition"] == p) for p in range(partitions)]
+        plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
+        sliced = "umjoin_time_slice_ring(" in plan
+        shipped = tested = None
+    elif spec["run"] == "umjoin":
         w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES}
         ab = w["a"].join(w["b"], near("b_ts", "a_ts")).withMetadata("a_ts", {})
         joined = ab.join(w["c"], near("c_ts", "b_ts") & similarity("a_vec", "c_vec")).select("a_id", "b_id", "c_id")
@@ -210,6 +229,46 @@ def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int)
     (out / "psp.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out / "psp.md"
+
+
+#: The two-stream runs' density: each row of a is within 10 s of about 800 rows of b, so that the similarity tests, not
+#: each micro-batch's fixed costs, take most of the time.
+PAIR_ROWS, PAIR_PER_SECOND, PAIR_PARTITIONS = 2400, 40, 8
+
+
+def run_pair_bench(out: Path, batches: int, dim: int) -> Path:
+    """Two streams joined without an equi-join key: Spark's join keyed by the slice (spark.umjoin.minInputs=3, all its state
+    in one partition) against the default (a StreamingUMJoin spread over the partitions by time slice); psp_pair.md/.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-pair-") as scratch:
+        streams = Path(scratch) / "streams"
+        write_streams(streams, PAIR_ROWS, PAIR_PER_SECOND, batches, dim)
+        for predicate in PREDICATES:
+            base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint"), "predicate": predicate, "run": "pair",
+                    "partitions": PAIR_PARTITIONS, "slices": "auto"}
+            results += [_run({**base, "name": "Spark's join (minInputs=3)", "min_inputs": "3"}),
+                        _run({**base, "name": "UMJoin (default)", "min_inputs": "auto"})]
+    (out / "psp_pair.json").write_text(json.dumps({"rows": PAIR_ROWS, "per_second": PAIR_PER_SECOND, "batches": batches, "dim": dim,
+                                                   "partitions": PAIR_PARTITIONS, "window_seconds": WINDOW_SECONDS, "results": results}, indent=1) + "\n")
+    lines = ["# Two streams joined without an equi-join key", "",
+             f"Part of `make bench-psp`: streams a and b of {PAIR_ROWS} rows each ({PAIR_PER_SECOND} a second of event time, a vector "
+             f"of {dim} floats each), {batches} micro-batches, {PAIR_PARTITIONS} shuffle partitions, local[2]; b within {WINDOW_SECONDS} s "
+             "of a and similar to it (as in psp.md). Spark's join keyed by the slice, all its state in one partition (what UMJoin did "
+             "with two inputs before `spark.umjoin.minInputs=auto`), against a StreamingUMJoin (the default now: slices `auto`, 2).", "",
+             "| similarity | run | total s | / Spark's join | median batch ms | output rows | predicate calls | stored rows per partition (middle batch) | peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for spark_join, umjoin in zip(results[::2], results[1::2]):
+        for r in (spark_join, umjoin):
+            calls = r["predicate_calls"] if r["predicate_calls"] is not None else "not counted"
+            lines.append(f"| {r['predicate']} | {r['run']} | {r['seconds']:.1f} | {r['seconds'] / spark_join['seconds']:.2f} | "
+                         f"{r['median_batch_ms']:.0f} | {r['output_rows']} | {calls} | {', '.join(map(str, r['state_rows_per_partition']))} | "
+                         f"{r['peak_rss'] / 2**20:.0f} MB |")
+    equal = len({r["output_rows"] for r in results}) == 1
+    lines += ["", f"Output rows equal in every run: {'yes' if equal else 'NO'}."]
+    (out / "psp_pair.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out / "psp_pair.md"
 
 
 if __name__ == "__main__":
