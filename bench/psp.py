@@ -21,6 +21,7 @@ default, a StreamingUMJoin spread over the partitions by time slice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from bench import reported_on_fresh_checkpoint
 
@@ -172,6 +173,14 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "state_rows_per_partition": per_partition, "sliced": sliced, "shipped": shipped, "rows_tested": tested, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
 
 
+@contextlib.contextmanager
+def _scratch_streams(rows: int, per_second: int, batches: int, dim: int) -> Iterator[dict[str, str]]:
+    """The streams written to a scratch directory; yields where they are and where a run's checkpoint goes."""
+    with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-") as scratch:
+        write_streams(Path(scratch) / "streams", rows, per_second, batches, dim)
+        yield {"streams": str(Path(scratch) / "streams"), "checkpoint": str(Path(scratch) / "checkpoint")}
+
+
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     reported = reported_on_fresh_checkpoint("bench.psp", spec)
     if "ended" in reported:
@@ -188,11 +197,9 @@ def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int)
     """Runs, per predicate, the foreachBatch baseline and UMJoin with each slice count; writes psp.md and psp.json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-") as scratch:
-        streams = Path(scratch) / "streams"
-        write_streams(streams, rows, per_second, batches, dim)
+    with _scratch_streams(rows, per_second, batches, dim) as scratch:
         for predicate in PREDICATES:
-            base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint"), "predicate": predicate}
+            base = {**scratch, "predicate": predicate}
             runs = [_run({**base, "name": "foreachBatch by hand", "run": "baseline", "partitions": 2, "slices": "auto"})]
             runs += [_run({**base, "name": f"UMJoin, {n} slice{'s' if n > 1 else ''}", "run": "umjoin", "partitions": n, "slices": str(n)})
                      for n in SLICE_COUNTS]
@@ -241,12 +248,9 @@ def run_pair_bench(out: Path, batches: int, dim: int) -> Path:
     in one partition) against the default (a StreamingUMJoin spread over the partitions by time slice); psp_pair.md/.json."""
     out.mkdir(parents=True, exist_ok=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="umjoin-bench-psp-pair-") as scratch:
-        streams = Path(scratch) / "streams"
-        write_streams(streams, PAIR_ROWS, PAIR_PER_SECOND, batches, dim)
+    with _scratch_streams(PAIR_ROWS, PAIR_PER_SECOND, batches, dim) as scratch:
         for predicate in PREDICATES:
-            base = {"streams": str(streams), "checkpoint": str(Path(scratch) / "checkpoint"), "predicate": predicate, "run": "pair",
-                    "partitions": PAIR_PARTITIONS, "slices": "auto"}
+            base = {**scratch, "predicate": predicate, "run": "pair", "partitions": PAIR_PARTITIONS, "slices": "auto"}
             results += [_run({**base, "name": "Spark's join (minInputs=3)", "min_inputs": "3"}),
                         _run({**base, "name": "UMJoin (default)", "min_inputs": "auto"})]
     (out / "psp_pair.json").write_text(json.dumps({"rows": PAIR_ROWS, "per_second": PAIR_PER_SECOND, "batches": batches, "dim": dim,

@@ -77,6 +77,13 @@ object Setting {
     Setting(key, default, "a positive duration such as 30s, 10m or 2h", doc, value =>
       (try Some(JavaUtils.timeStringAsMs(value.trim)) catch { case _: NumberFormatException => None }).filter(_ > 0))
 
+  /** `auto` (None: the setting's reader decides) or an integer of at least `min`; `auto` by default. */
+  def autoOrInt(key: String, min: Int, doc: String): Setting[Option[Int]] =
+    Setting(key, Some("auto"), s"auto or an integer >= $min", doc, value => value.trim.toLowerCase(Locale.ROOT) match {
+      case "auto" => Some(None)
+      case number => number.toIntOption.filter(_ >= min).map(Some(_))
+    })
+
   /** One of `byName`'s keys, case-sensitive where `caseSensitive` (the policies' camel-case names). */
   def choice[T](key: String, default: String, byName: Map[String, T], doc: String, caseSensitive: Boolean = false): Setting[T] =
     Setting(key, Some(default), byName.keys.toSeq.sorted.mkString(" or "), doc, value => {
@@ -88,14 +95,10 @@ object Setting {
 object UMJoinConf {
   val Enabled: Setting[Boolean] = Setting.boolean("spark.umjoin.enabled", default = true,
     "convert join trees into UMJoin nodes in this session")
-  val MinInputs: Setting[Option[Int]] = Setting("spark.umjoin.minInputs", Some("auto"), "auto or an integer >= 2",
+  val MinInputs: Setting[Option[Int]] = Setting.autoOrInt("spark.umjoin.minInputs", min = 2,
     "smallest group converted. `auto`: 3 (a 2-input group is a plain hash join), and 2 for a stream-stream join without " +
       "an equi-join key, which a StreamingUMJoin spreads over the state partitions by time slice where Spark's join keeps " +
-      "all its state in one (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key))",
-    value => value.trim.toLowerCase(Locale.ROOT) match {
-      case "auto" => Some(None)
-      case number => number.toIntOption.filter(_ >= 2).map(Some(_))
-    })
+      "all its state in one (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key))")
   val RulesDir: Setting[String] = Setting("spark.umjoin.rulesDir", None, "a directory", static = true,
     doc = "a directory holding `batch.yaml` and `streaming.yaml` that replace the built-in member patterns " +
       "(default: the rules built into the jar)",
@@ -168,16 +171,12 @@ object UMJoinConf {
     "streaming: a stored row is removed once it was stored longer ago than this (e.g. `2h`), before a batch " +
       "probes. Bounds state for streams without watermarks; **changes results**, as Flink's state TTL does " +
       "(default: kept until watermarks evict it)")
-  val TimeSlices: Setting[Option[Int]] = Setting("spark.umjoin.timeSlices", Some("auto"), "auto or an integer >= 1",
+  val TimeSlices: Setting[Option[Int]] = Setting.autoOrInt("spark.umjoin.timeSlices", min = 1,
     "streaming, joins without an equi-join key: how many time slices the event times a stream's row joins across are " +
       "cut into, each slice's rows in one state partition (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key)); " +
       "a combination is probed in the partitions of the slices its time range overlaps. `auto`: Spark's default " +
       "parallelism (`spark.default.parallelism`, else the application's cores), at most the state partitions. When the count changes between micro-batches " +
-      "(the cores, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire",
-    value => value.trim.toLowerCase(Locale.ROOT) match {
-      case "auto" => Some(None)
-      case number => number.toIntOption.filter(_ >= 1).map(Some(_))
-    })
+      "(the cores, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire")
 
   /** Every setting, in the order the README's table lists them. */
   val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory, WriteBufferSize,
