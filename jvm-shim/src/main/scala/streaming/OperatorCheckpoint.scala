@@ -125,6 +125,11 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 
 object OperatorCheckpoint {
 
+  /** Whose state an operator's checkpoint holds: Spark's stream-stream join's, a StreamingUMJoin's (or neither). */
+  final case class WrittenBy(sparkJoin: Boolean, umjoin: Boolean)
+
+  def writtenBy(checkpoint: OperatorCheckpoint): WrittenBy = WrittenBy(checkpoint.hasSparkJoinState, checkpoint.hasUMJoinState)
+
   /**
    * The version of the state's layout this code writes; it reads this one and the ones before
    * (format 1: single-class indexes; format 2: no stored static tables).

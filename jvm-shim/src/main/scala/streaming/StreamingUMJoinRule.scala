@@ -243,8 +243,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // State the group would not read: Spark's join's (UMJoin off, or the join not converted then), or that of a
     // StreamingUMJoin under a join other than the group's first. Those joins go on as they ran.
     val ranOnItsOwn = stateful.zipWithIndex.map { case (j, k) => (j.getStateInfo, k) }.filter { case (s, k) =>
-      lazy val written = new OperatorCheckpoint(s, session.sessionState.newHadoopConf())
-      s.storeVersion > 0 && (written.hasSparkJoinState || k > 0 && written.hasUMJoinState)
+      lazy val written = StreamingRegistry.run(s.queryRunId, session.sparkContext).writtenBefore.computeIfAbsent(s.operatorId,
+        _ => OperatorCheckpoint.writtenBy(new OperatorCheckpoint(s, session.sessionState.newHadoopConf())))
+      s.storeVersion > 0 && (written.sparkJoin || k > 0 && written.umjoin)
     }.map(_._1)
     if (streams.isEmpty) Left("it reads no stream")
     else if (ranOnItsOwn.nonEmpty) Left(s"the checkpoint ${ranOnItsOwn.head.checkpointLocation} holds the state of operator " +
