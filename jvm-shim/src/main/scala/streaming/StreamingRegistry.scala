@@ -86,6 +86,7 @@ object StreamingRegistry {
       run.routes.clear()
       run.staticLoads.clear()
       run.sliceDrains.clear()
+      run.writtenBefore.clear()
     }
     staticCaches.keySet.removeIf(_.runId == runId)
     ended.synchronized {
