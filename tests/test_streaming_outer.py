@@ -229,3 +229,28 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
     assert plan.count("padded with NULLs once the watermark rules out a match") == 1, plan
     assert on == off  # each row put out in the micro-batch Spark's joins put it out
     assert any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
+
+
+def test_a_full_outer_join_above_a_streaming_umjoin_on_two_keys_gets_its_rows_partitioned_by_its_key(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Spark put no exchange under the full outer join (which no StreamingUMJoin takes): the inner joins below put out
+    their rows partitioned by its key. A StreamingUMJoin on two keys puts a result out where its last store probed
+    is, so its rows are shuffled for the join above (without that: rows missing, rows padded that matched)."""
+    random_streams(tmp_path, 11)
+    near = lambda a, b: F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))  # noqa: E731
+
+    def query() -> DataFrame:
+        f = {n: stream(spark, tmp_path / n, columns(n)).withWatermark(f"{n}_ts", DELAY) for n in "wxyz"}
+        inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
+                 .join(f["w"], (F.col("x_j") == F.col("w_j")) & near("w_ts", "x_ts")).drop("w_ts"))
+        return inner.join(f["z"], (F.col("x_j") == F.col("z_j")) & near("z_ts", "x_ts"), "full_outer")
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+
+    assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "FullOuter" in plan, plan
+    assert "Exchange hashpartitioning(x_j" in plan[plan.index("FullOuter"):plan.index("StreamingUMJoin inputs=")], plan

@@ -16,7 +16,7 @@ import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityB
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec, SortExec, SparkPlan}
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
-import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, EnsureRequirements, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, WatermarkSupport}
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.{StreamingSymmetricHashJoinExec, StreamingSymmetricHashJoinHelper}
@@ -124,7 +124,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
       checkCheckpoint(plan, accepted.flatMap(_._2.identity), mismatched)
-      tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
+      val converted = tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
+      // Spark placed its exchanges for the joins it planned: an operator above a group (a stream-stream join the group
+      // does not take, a deduplication) may read their output as partitioned by a join key, with no exchange between.
+      // A StreamingUMJoin's rows are partitioned otherwise, so what is above it is given the partitioning it requires.
+      if (accepted.isEmpty) converted else EnsureRequirements().apply(converted)
     }
   }
 
