@@ -321,6 +321,76 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
     assert plan.count("3 time slices per window") == 3 and "still probed there" not in plan, plan
 
 
+def outer_query(spark: SparkSession, directory: Path, how: str, ways: int) -> DataFrame:
+    """a and b within 5 minutes and 10 in price; with 2 `ways` that join is `how` (left, right, left_semi), with 3 it
+    is inner and its result is joined `how` with c, within 5 minutes of b and c's price above b's. No equality."""
+    frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
+    on_b = F.col("b_ts").between(F.col("a_ts") - NEAR, F.col("a_ts") + NEAR) & (F.abs(F.col("a_p") - F.col("b_p")) < 10)
+    if ways == 2:
+        return frames["a"].join(frames["b"], on_b, how)
+    ab = frames["a"].join(frames["b"], on_b).withMetadata("a_ts", {})  # (one event-time column per side)
+    return ab.join(frames["c"], F.col("c_ts").between(F.col("b_ts") - NEAR, F.col("b_ts") + NEAR) & (F.col("c_p") > F.col("b_p")), how)
+
+
+def outer_nested_loop(streams: dict[str, list[tuple]], how: str, ways: int) -> list[tuple]:  # type: ignore[type-arg]
+    """`outer_query`'s result over all rows, every combination tested; NULLs for the padded side."""
+    def near_b(a: tuple, b: tuple) -> bool:  # type: ignore[type-arg]
+        return abs(a[2] - b[2]) <= NEAR and abs(a[1] - b[1]) < 10
+
+    if ways == 2:
+        left, right, matches = [(a,) for a in streams["a"]], [(b,) for b in streams["b"]], lambda l, r: near_b(l[0], r[0])
+    else:
+        left = [(a, b) for a in streams["a"] for b in streams["b"] if near_b(a, b)]
+        right, matches = [(c,) for c in streams["c"]], lambda l, r: abs(r[0][2] - l[1][2]) <= NEAR and r[0][1] > l[1][1]
+    flat = lambda rows: tuple(v for row in rows for v in row)  # noqa: E731
+    nulls = lambda rows: (None,) * (3 * len(rows[0]))  # noqa: E731
+    out = [flat(l) + flat(r) for l in left for r in right if matches(l, r)] if how != "left_semi" else []
+    if how == "left":
+        out += [flat(l) + nulls(right) for l in left if not any(matches(l, r) for r in right)]
+    if how == "right":
+        out += [nulls(left) + flat(r) for r in right if not any(matches(l, r) for l in left)]
+    if how == "left_semi":
+        out += [flat(l) for l in left if any(matches(l, r) for r in right)]
+    return sorted(out, key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+
+
+@pytest.mark.parametrize(("how", "ways", "provider"), [("left", 2, "hdfs"), ("right", 3, "rocksdb"), ("left_semi", 3, "hdfs")])
+def test_outer_and_semi_joins_without_an_equality_run_and_equal_a_nested_loop_and_sparks_joins_keyed_by_the_slice(
+        spark: SparkSession, tmp_path: Path, how: str, ways: int, provider: str) -> None:
+    """Spark refuses them as it refuses inner ones. With UMJoin: all rows in one micro-batch, then one whose
+    watermark ends every window: the nested loop's rows, each padded row once its window ended; with random
+    micro-batches, late rows and a restart halfway: Spark's joins keyed by the slice, micro-batch by micro-batch."""
+    rng = random.Random(ways)
+    streams = random_rows(rng)
+    ending = {name: [(9, 0, BASE + datetime.timedelta(days=2, minutes=n))] for n, name in enumerate(NAMES)}
+    for name, rows in streams.items():
+        write_batches(tmp_path / "one" / name, columns(name), [rows, ending[name]])
+    write_in_batches(tmp_path / "random", streams, rng)
+    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
+
+    def restarted(name: str) -> dict[tuple, list[int]]:  # type: ignore[type-arg]
+        put_back = hold_back_second_half(tmp_path / "random", list(NAMES))
+        run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        put_back()
+        return run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")[1]
+
+    with temporary_conf(spark, settings):
+        umjoin, whole = run_by_batch(outer_query(spark, tmp_path / "one", how, ways), tmp_path / "ck-one", tmp_path / "out-one")
+        on = restarted("on")
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            off = restarted("off")
+
+    plan = executed_plan(umjoin)
+    assert "StreamingUMJoin inputs=" in plan and "StreamingSymmetricHashJoin" not in plan, plan
+    # Every padded row once, when the watermark ends its window: none while the first micro-batch sets no watermark.
+    # The rows of the last micro-batch (key 9) wait for a later one.
+    assert sorted((row for row, batches in whole.items() for _ in batches if 9 not in row), key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row)) \
+        == outer_nested_loop(streams, how, ways)
+    padded = [row for row in whole if None in row]
+    assert all(len(whole[row]) == 1 and whole[row][0] > 0 for row in padded) and (padded or how == "left_semi")
+    assert on == off and on  # (each row put out in the same micro-batch)
+
+
 def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:
     write_in_batches(tmp_path, random_rows(random.Random(3)), None)
     a, b = (stream(spark, tmp_path / n, columns(n)) for n in ("a", "b"))
@@ -335,6 +405,8 @@ def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_miss
     message = refusal(unbounded)
     assert "has no equality between its sides" in message and "does not bound the left side's event time by the other side's" in message, message
     assert "(a_p < b_p)" in message
+    message = refusal(a.withWatermark("a_ts", "10 minutes").join(b.withWatermark("b_ts", "10 minutes"), F.col("a_p") < F.col("b_p"), "left"))
+    assert "does not bound the left side's event time by the other side's" in message, message
     no_watermark = a.withWatermark("a_ts", "10 minutes").join(b, F.col("b_ts").between(F.col("a_ts"), F.col("a_ts") + F.expr("interval 1 minute")))
     message = refusal(no_watermark)
     assert "its right side has no event-time column with a watermark (withWatermark)" in message, message

@@ -4,10 +4,8 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, EqualTo, Expression, UnaryExpression}
 import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode}
-import org.apache.spark.sql.catalyst.expressions.codegen.Block.BlockHelper
-import org.apache.spark.sql.catalyst.expressions.codegen.FalseLiteral
 import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
-import org.apache.spark.sql.catalyst.plans.Inner
+import org.apache.spark.sql.catalyst.plans.{FullOuter, Inner, JoinType, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.logical.{Join, LogicalPlan}
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.types.{DataType, IntegerType, LongType, Metadata, TimestampNTZType, TimestampType}
@@ -19,20 +17,19 @@ import umjoin.spark.UMJoinConf
 
 /**
  * The join key of a stream-stream join without an equi-join key, over a side's event time `child`:
- * 0 for every row (NULL event times too), so a join on it pairs every row with every row and its
- * time range and other conditions decide. Spark's join keeps all its state in one partition; a
+ * 0 for every row, so a join on it pairs every row with every row and its time range and other
+ * conditions decide. NULL for a NULL event time, which no time range matches: an outer join's
+ * padded side has a NULL key, as for an equi-join key. Spark's join keeps all its state in one partition; a
  * streaming UMJoin spreads a stream keyed by it over the partitions by time slice
  * ([[TimeSliceRing]]) and probes it in all of them. Never folded: the optimizer would turn an
  * equality of two constants into `true`.
  */
 final case class TimeSlice(child: Expression) extends UnaryExpression {
   override def dataType: DataType = IntegerType
-  override def nullable: Boolean = false
   override def foldable: Boolean = false
   override def prettyName: String = "umjoin_time_slice"
-  override def eval(input: InternalRow): Any = 0
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode =
-    ev.copy(code = code"final int ${ev.value} = 0;", isNull = FalseLiteral)
+  override protected def nullSafeEval(time: Any): Any = 0
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = defineCodeGen(ctx, ev, _ => "0")
   override protected def withNewChildInternal(newChild: Expression): TimeSlice = copy(child = newChild)
 }
 
@@ -154,8 +151,9 @@ object TimeSlice {
 }
 
 /**
- * Lets an inner stream-stream join without an equality between its sides run (Spark refuses it
- * while planning: "Stream-stream join without equality predicate is not supported"): a join on a
+ * Lets a stream-stream join without an equality between its sides run (Spark refuses it while
+ * planning: "Stream-stream join without equality predicate is not supported"), inner, outer or
+ * left semi (the types Spark runs between streams given an equi-join key): a join on a
  * time range, a band (`a.price BETWEEN b.low AND b.high`) or any other condition is given the key
  * `umjoin_time_slice(left time) = umjoin_time_slice(right time)` over each side's event-time column,
  * so Spark plans its stream-stream join, keyed by the slice, and a streaming UMJoin takes the
@@ -169,11 +167,15 @@ object WindowJoinSlices extends Rule[LogicalPlan] {
   override def apply(plan: LogicalPlan): LogicalPlan =
     if (!plan.isStreaming || !UMJoinConf.Enabled(key => Option(conf.getConfString(key, null)))) plan
     else plan.transformUp {
-      case j @ Join(left, right, Inner, Some(condition), _) if left.isStreaming && right.isStreaming && ExtractEquiJoinKeys.unapply(j).isEmpty =>
+      case j @ Join(left, right, joinType, Some(condition), _)
+          if Sliceable(joinType) && left.isStreaming && right.isStreaming && ExtractEquiJoinKeys.unapply(j).isEmpty =>
         unbounded(left, right, condition).foreach(missing => throw refusal(condition, missing))
         val slices = EqualTo(TimeSlice.of(eventTimeColumn(left, condition).get), TimeSlice.of(eventTimeColumn(right, condition).get))
         j.copy(condition = Some(And(slices, condition)))
     }
+
+  /** The join types Spark runs between two streams, given an equi-join key (a left anti join it does not run at all). */
+  private val Sliceable: Set[JoinType] = Set(Inner, LeftOuter, RightOuter, FullOuter, LeftSemi)
 
   /** The side's event-time column the condition reads (the first one, if it reads several). */
   private def eventTimeColumn(side: LogicalPlan, condition: Expression) =
