@@ -231,6 +231,8 @@ def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simpl
         run, emitted = run_by_batch(query, tmp_path / "ck", tmp_path / "out")
     assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
     assert counted.takeCalls() == len(left_to_the_udf)
+    # The metric of the conditions that can fail counts the UDF's calls (the query's other conditions cannot fail).
+    assert sum(summed_metric(run, f"costlyConditionChecksInput{i}") for i in range(3)) == len(left_to_the_udf)
     plan = executed_plan(run)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "umjoin_similar" in plan, plan
 

@@ -129,7 +129,9 @@ case class StreamingUMJoinExec(
         StatefulOperatorCustomSumMetric(InputMetrics.probes(i), s"$name: probes"),
         StatefulOperatorCustomSumMetric(InputMetrics.matches(i), s"$name: matches"),
         StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops"),
-        StatefulOperatorCustomSumMetric(InputMetrics.conditionChecks(i), s"$name: rows tested by the conditions of the step into it")) ++
+        StatefulOperatorCustomSumMetric(InputMetrics.conditionChecks(i), s"$name: rows tested by the conditions of the step into it"),
+        StatefulOperatorCustomSumMetric(InputMetrics.costlyChecks(i),
+          s"$name: rows tested by the conditions of the step into it that can fail (a UDF's calls)")) ++
         (if (!layout.isTimeSliced(i)) Nil
         else Seq(
           StatefulOperatorCustomSumMetric(s"slicePartitionsInput$i", s"$name: partitions holding its rows (time slices)"),
@@ -151,7 +153,8 @@ case class StreamingUMJoinExec(
   private def inputMetrics(i: Int): InputMetrics = InputMetrics(
     longMetric(InputMetrics.rowsIn(i)), longMetric(InputMetrics.probes(i)), longMetric(InputMetrics.matches(i)),
     longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"),
-    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))), Some(longMetric(InputMetrics.conditionChecks(i))))
+    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))), Some(longMetric(InputMetrics.conditionChecks(i))),
+    Some(longMetric(InputMetrics.costlyChecks(i))))
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 

@@ -11,7 +11,7 @@ import umjoin.spark.core.store.JoinStore
 
 /** Counters of one input, shown as SQL metrics of the UMJoin node (`nullPadded`: an outer join's non-preserved side's). */
 final case class InputMetrics(rowsIn: SQLMetric, probes: SQLMetric, matches: SQLMetric, earlyStops: SQLMetric, storeSize: SQLMetric,
-    nullPadded: Option[SQLMetric] = None, conditionChecks: Option[SQLMetric] = None)
+    nullPadded: Option[SQLMetric] = None, conditionChecks: Option[SQLMetric] = None, costlyChecks: Option[SQLMetric] = None)
 
 /** The names of input i's counters: the same in batch (SQL metrics) and in streaming (the progress's custom metrics). */
 object InputMetrics {
@@ -21,6 +21,7 @@ object InputMetrics {
   def earlyStops(i: Int): String = s"earlyStopsInput$i"
   def nullPadded(i: Int): String = s"nullPaddedInput$i"
   def conditionChecks(i: Int): String = s"conditionChecksInput$i"
+  def costlyChecks(i: Int): String = s"costlyConditionChecksInput$i"
 }
 
 /**
@@ -36,7 +37,9 @@ object CompiledRoute {
   /**
    * One step of a probe route: the store probed (`input`'s index on the step's key class), the key
    * computed from the rows bound so far, the conditions checked once this input's row is bound (null:
-   * none), and `from`, the route's edge source the statistics are kept for. `rule` says what a match
+   * none; those that cannot fail in `condition`, then the others, such as a costly UDF, in `costly`,
+   * whose tests are counted apart: a predicate's calls), and `from`, the route's edge source the
+   * statistics are kept for. `rule` says what a match
    * and its absence do ([[StepRule]]); an outer step binds each row satisfying `condition` (its ON
    * clause), or `nullRow` when none does, and lets the combination go on where `post` holds (null:
    * always). With `unmatched` (a streaming UMJoin's semi step: a later row may still match), a
@@ -45,8 +48,8 @@ object CompiledRoute {
    * `store` holds only the rows this route may bind, `padCheck` the input's other rows) and
    * `padNow` holds for the combination (null: always): the watermark rules out a later match.
    */
-  final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, val condition: BasePredicate,
-      val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit,
+  final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, condition: BasePredicate,
+      costly: BasePredicate, val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit,
       val padCheck: JoinStore = null, val padNow: BasePredicate = null) {
     // The rule's answers as fields: read for every probe.
     val firstMatchOnly: Boolean = rule.firstMatchOnly
@@ -55,11 +58,15 @@ object CompiledRoute {
     val padded: Boolean = rule.noMatch == StepRule.Padded
     val emptyStoreEndsAll: Boolean = rule.emptyStoreEndsAll
     private val checks: SQLMetric = metrics.conditionChecks.orNull
+    private val costlyChecks: SQLMetric = metrics.costlyChecks.orNull
 
     /** Whether `row` (the combination and a row of this input) meets the step's conditions; each test counted where counted. */
-    def holds(row: InternalRow): Boolean = condition == null || {
+    def holds(row: InternalRow): Boolean = (condition == null && costly == null) || {
       if (checks != null) checks += 1
-      condition.eval(row)
+      (condition == null || condition.eval(row)) && (costly == null || {
+        if (costlyChecks != null) costlyChecks += 1
+        costly.eval(row)
+      })
     }
   }
 
@@ -110,8 +117,9 @@ object CompiledRoute {
     val steps = (from until until).map { s =>
       val step = plan.steps(s)
       val attrs = prefixes(s) ++ outputs(step.input)
+      val (cheap, costly) = step.conditions.partition(ConditionOrder.cannotFail)
       new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), GeneratedCode.projection(keyed(step.probeKeys), prefixes(s)),
-        predicate(step.conditions, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
+        predicate(cheap, attrs), predicate(costly, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
         new GenericInternalRow(outputs(step.input).size),
         if (step.rule == StepRule.Semi) unmatched.map(_(prefixes(s))).orNull else null,
         padding.filter(_ => step.rule == StepRule.Outer).map(_.check(step.input, step.index)).orNull,
