@@ -202,11 +202,13 @@ def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_o
     assert all(tested[run] < tested[(1, 1)] for run in runs if run[0] > run[1] + 1), tested
 
 
+@pytest.mark.parametrize(("partitions", "slices"), [(3, 1), (3, 2), (8, 8)])
 def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simple_conditions_leave(
-        spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path, partitions: int, slices: int) -> None:
     """A costly condition of all three streams written before the time ranges and bands: the last step of every
     route checks the conditions that cannot fail first (paper 004: cheap predicates before the expensive one), so
-    the UDF is called once per combination they leave, as often as a nested loop testing it last calls it."""
+    the UDF is called once per combination they leave, as often as a nested loop testing it last calls it,
+    whatever the number of time slices."""
     streams = random_rows(random.Random(21))
     write_in_batches(tmp_path, streams, None)
     spark.udf.registerJavaFunction("umjoin_similar", "umjoin.spark.testkit.CountedSimilarity", BooleanType())
@@ -227,7 +229,7 @@ def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simpl
     assert expected and len(expected) < len(left_to_the_udf) < len(streams["a"]) * len(streams["b"]) * len(streams["c"]) / 10
     counted = spark._jvm.umjoin.spark.testkit.CountedSimilarity  # type: ignore[union-attr]
     counted.takeCalls()
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.timeSlices": "2"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.timeSlices": str(slices)}):
         run, emitted = run_by_batch(query, tmp_path / "ck", tmp_path / "out")
     assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
     assert counted.takeCalls() == len(left_to_the_udf)
@@ -235,6 +237,7 @@ def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simpl
     assert sum(summed_metric(run, f"costlyConditionChecksInput{i}") for i in range(3)) == len(left_to_the_udf)
     plan = executed_plan(run)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "umjoin_similar" in plan, plan
+    assert plan.count(f"{slices} time slices per window") == 3, plan
 
 
 @pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
