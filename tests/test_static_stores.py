@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from umjoin import plans
 from umjoin.local import temporary_conf
 
-from test_streaming import ROCKSDB, executed_plan, sorted_rows, stream, write_batches
+from test_streaming import ROCKSDB, executed_plan, nulls_first, sorted_rows, stream, write_batches
 
 X_COLUMNS = "x_k BIGINT, x_v BIGINT"
 Y_COLUMNS = "y_k BIGINT, y_j BIGINT"
@@ -70,7 +70,7 @@ def expected_join(phases: list[tuple[list[Row], list[Row], list[Row]]]) -> list[
                 for y in ys:
                     if x[0] is not None and x[0] == y[0]:
                         out += [x + y + t for t in table if y[1] is not None and t[0] == y[1]]
-    return sorted(out, key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    return sorted(out, key=nulls_first)
 
 
 def process_all(query: StreamingQuery, rows: int) -> None:
@@ -273,7 +273,7 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
     expected = sorted(
         ((xk, xv, *trow, uk, name) for p in range(3) for xk, xv in phases[p] for trow in table_rows(tables[p])
          for uk, name in u_rows if xk is not None and xk == trow[0] and xv == uk),
-        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+        key=nulls_first)
     assert rows == expected and len(rows) > 0
     if mode == "spark":
         assert not any("StreamingUMJoin" in plan for plan in executed)
@@ -309,7 +309,7 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
     expected = sorted(
         ((xk, xv, *trow, uk, f"u{uk}") for p in range(3) for xk, xv in phases[p] for trow in table_rows(table)
          for uk in range(4) if xk is not None and xk == trow[0] and xv == uk),
-        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+        key=nulls_first)
     assert rows == expected and len(rows) > 0
     assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
     assert any("without UMJoin's state" in r for r in reasons[2]), reasons[2]
@@ -337,7 +337,7 @@ def test_one_stream_with_tables_small_enough_to_broadcast_stays_adaptive_and_say
     expected = sorted(
         ((xk, xv, *trow, uk, f"u{uk}") for xk, xv in rows_in for trow in table_rows(table) for uk in range(4)
          if xk is not None and xk == trow[0] and xv == uk),
-        key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+        key=nulls_first)
     assert rows == expected and len(rows) > 0
     assert "StreamingUMJoin" not in executed_plan(query) and "AdaptiveSparkPlan" in executed_plan(query)
     assert any("planned as without UMJoin" in r for r in reasons), reasons

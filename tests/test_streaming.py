@@ -59,9 +59,14 @@ def stream(spark: SparkSession, directory: Path, schema: str) -> DataFrame:
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
 
 
+def nulls_first(row: tuple) -> tuple:  # type: ignore[type-arg]
+    """A sort key for rows with NULLs (None sorts before every value of its column)."""
+    return tuple((1, v) if v is not None else (0, 0) for v in row)
+
+
 def sorted_rows(df: DataFrame) -> list[tuple]:  # type: ignore[type-arg]
     """A DataFrame's rows as a sorted list (NULLs first), to compare results as multisets."""
-    return sorted((tuple(r) for r in df.collect()), key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    return sorted((tuple(r) for r in df.collect()), key=nulls_first)
 
 
 def run_to_end(df: DataFrame, name: str, checkpoint: Path) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType
 
-from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming import ROCKSDB, executed_plan, nulls_first, stream, write_batches
 from test_streaming_outer import hold_back_second_half, run_by_batch
 from umjoin.local import temporary_conf
 
@@ -356,7 +356,7 @@ def outer_nested_loop(streams: dict[str, list[tuple]], how: str, ways: int) -> l
         out += [nulls(left) + flat(r) for r in right if not any(matches(l, r) for l in left)]
     if how == "left_semi":
         out += [flat(l) for l in left if any(matches(l, r) for r in right)]
-    return sorted(out, key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row))
+    return sorted(out, key=nulls_first)
 
 
 @pytest.mark.parametrize(("how", "ways", "provider"), [("left", 2, "hdfs"), ("right", 3, "rocksdb"), ("left_semi", 3, "hdfs")])
@@ -389,7 +389,7 @@ def test_outer_and_semi_joins_without_an_equality_run_and_equal_a_nested_loop_an
     assert "StreamingUMJoin inputs=" in plan and "StreamingSymmetricHashJoin" not in plan, plan
     # Every padded row once, when the watermark ends its window: none while the first micro-batch sets no watermark.
     # The rows of the last micro-batch (key 9) wait for a later one.
-    assert sorted((row for row, batches in whole.items() for _ in batches if 9 not in row), key=lambda row: tuple((1, v) if v is not None else (0, 0) for v in row)) \
+    assert sorted((row for row, batches in whole.items() for _ in batches if 9 not in row), key=nulls_first) \
         == outer_nested_loop(streams, how, ways)
     padded = [row for row in whole if None in row]
     assert all(len(whole[row]) == 1 and whole[row][0] > 0 for row in padded) and (padded or how == "left_semi")
