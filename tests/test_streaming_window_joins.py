@@ -15,6 +15,7 @@ import math
 import random
 import re
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from pyspark.accumulators import Accumulator
@@ -65,9 +66,10 @@ def write_in_batches(directory: Path, streams: dict[str, list[tuple]], rng: rand
         write_batches(directory / name, columns(name), [*batches, [(9, 0, BASE + datetime.timedelta(days=2, minutes=n))]])
 
 
-def band_query(spark: SparkSession, directory: Path, keyed: bool) -> DataFrame:
+def band_query(spark: SparkSession, directory: Path, keyed: bool, slow: bool = False) -> DataFrame:
     """a and b within 5 minutes and 25 in price; their result and c within 5 minutes of b, c's price between
-    theirs, and a Python UDF of a_p and c_p; with `keyed`, c also on a's key (a group mixing both)."""
+    theirs, and a Python UDF of a_p and c_p; with `keyed`, c also on a's key (a group mixing both); with `slow`,
+    also a Scala UDF of a_k and c_k taking 200 µs a call (registered as `umjoin_slow`)."""
     frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
 
     def near(x: str, y: str):  # type: ignore[no-untyped-def]
@@ -78,6 +80,8 @@ def band_query(spark: SparkSession, directory: Path, keyed: bool) -> DataFrame:
     on = near("c_ts", "b_ts") & F.col("c_p").between(F.least("a_p", "b_p"), F.greatest("a_p", "b_p"))
     # A Python UDF, a stand-in for a costly similarity test (a lambda: Spark's Python workers cannot import this module).
     on = on & F.udf(lambda a_p, c_p: (a_p + c_p) % 3 != 0, BooleanType())("a_p", "c_p")
+    if slow:
+        on = on & F.expr("umjoin_slow(a_k, c_k)")
     return ab.join(frames["c"], on & (F.col("a_k") == F.col("c_k")) if keyed else on)
 
 
@@ -123,6 +127,23 @@ def chain_nested_loop(streams: dict[str, list[tuple]], names: list[str], udf: bo
             return abs(row[2] - before[2]) <= NEAR and prices and similar
         partial = [(*combination, *row) for combination in partial for row in streams[name] if matches(combination[:3], combination[-3:], row)]
     return sorted(partial)
+
+
+def restarted_to_files(spark: SparkSession, directory: Path, name: str, slices: tuple[str, str], query: Callable[[], DataFrame],
+                       between: Callable[[Path], None] = lambda _: None) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+    """`query` to a parquet file sink over the first half of the streams' files, then restarted from its checkpoint
+    over all of them, with `spark.umjoin.timeSlices` set to slices[0], then slices[1]; `between` is given the
+    checkpoint before the restart. The sink's rows, and the query as restarted."""
+    put_back = hold_back_second_half(directory, list(NAMES))
+    for half, count in enumerate(slices):
+        if half:
+            between(directory / f"ck-{name}")
+            put_back()
+        with temporary_conf(spark, {"spark.umjoin.timeSlices": count}):
+            run = query().writeStream.format("parquet").option("checkpointLocation", str(directory / f"ck-{name}")) \
+                .option("path", str(directory / f"out-{name}")).trigger(availableNow=True).start()
+            run.awaitTermination()
+    return sorted(tuple(row) for row in spark.read.parquet(str(directory / f"out-{name}")).collect()), run
 
 
 def summed_metric(query: StreamingQuery, name: str) -> int:
@@ -285,29 +306,22 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
         write_batches(tmp_path / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
     settings = {"spark.sql.shuffle.partitions": "6", **(ROCKSDB if provider == "rocksdb" else {})}
 
-    def to_files(name: str, slices: tuple[str, str]) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
-        put_back = hold_back_second_half(tmp_path, list(NAMES))
-        for half, count in enumerate(slices):
-            if half:
-                put_back()
-            with temporary_conf(spark, {"spark.umjoin.timeSlices": count}):
-                query = band_query(spark, tmp_path, keyed=False).writeStream.format("parquet") \
-                    .option("checkpointLocation", str(tmp_path / f"ck-{name}")).option("path", str(tmp_path / f"out-{name}")) \
-                    .trigger(availableNow=True).start()
-                query.awaitTermination()
-            for record in (tmp_path / f"ck-{name}" / "state").glob("*/_umjoin_layout.json"):
-                if earlier_record and not half:
-                    layout = json.loads(record.read_text())
-                    for item in layout["inputs"]:
-                        del item["timeSlices"], item["earlierTimeSliceMs"]
-                    record.write_text(json.dumps(layout))
-                    (record.parent / f".{record.name}.crc").unlink()  # (Hadoop's checksum of the file as it was)
-        return sorted(tuple(row) for row in spark.read.parquet(str(tmp_path / f"out-{name}")).collect()), query
+    def as_written_before(checkpoint: Path) -> None:
+        for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
+            layout = json.loads(record.read_text())
+            for item in layout["inputs"]:
+                del item["timeSlices"], item["earlierTimeSliceMs"]
+            record.write_text(json.dumps(layout))
+            (record.parent / f".{record.name}.crc").unlink()  # (Hadoop's checksum of the file as it was)
+
+    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+        return restarted_to_files(spark, tmp_path, name, (str(first), "3"), lambda: band_query(spark, tmp_path, keyed=False),
+                                  as_written_before if earlier_record else lambda _: None)
 
     with temporary_conf(spark, settings):
-        on, umjoin = to_files("on", (str(first), "3"))
+        on, umjoin = to_files("on")
         with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = to_files("off", (str(first), "3"))
+            off, _ = to_files("off")
 
     assert on == off and on  # (the same rows, each as often)
     # The checkpoint: the layout as it started, and the change, recorded by the batch that made it.
@@ -324,6 +338,56 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
     assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
     plan = executed_plan(umjoin)
     assert plan.count("3 time slices per window") == 3 and "still probed there" not in plan, plan
+
+
+def predicted_nanos(test: float, rows: float, send: float, n: int, cores: int, partitions: int) -> float:
+    """Paper 004's cost of a combination sent to a store of n slices per span, as docs/streaming.md states it for
+    Spark's stages: it tests the rows of the n + 1 slices its range overlaps ((n + 1) / n of a span's `rows`, `test`
+    ns each), is sent to as many partitions (`send` ns each, all of them at most), which run on `cores` at once."""
+    overlapped = max(1, min(n, partitions - 1))
+    sends = min(n + 1, partitions)
+    return (test * rows * (overlapped + 1) / overlapped + send * sends) / max(1, min(sends, cores))
+
+
+def test_auto_time_slices_are_chosen_from_the_costs_the_micro_batch_before_measured(spark: SparkSession, tmp_path: Path) -> None:
+    """Restarted from 1 slice per window with `spark.umjoin.timeSlices=auto`: from the second micro-batch of the run
+    on, each stream's count is the one of least predicted time (within 20% of the current one it stays) by the
+    costs its metrics measured in the batch before; with a Scala UDF of 200 µs in c's step, that is more slices for
+    c. The file sink holds what Spark's joins keyed by the slice put out over the same restart."""
+    rng = random.Random(4)
+    write_in_batches(tmp_path, random_rows(rng), rng)
+    spark.udf.registerJavaFunction("umjoin_slow", "umjoin.spark.testkit.SlowSimilarity", BooleanType())
+    partitions, cores = 6, spark.sparkContext.defaultParallelism
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions)}):
+        on, umjoin = restarted_to_files(spark, tmp_path, "on", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True))
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            off, _ = restarted_to_files(spark, tmp_path, "off", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True))
+    assert on == off and on  # (the same rows, each as often)
+
+    operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
+    changes = sorted(operator.glob("_umjoin_slices_*.json"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+    assert changes, "no change of the slice counts recorded"
+    batch = int(changes[0].stem.rsplit("_", 1)[1])
+    measured = {p["batchId"]: p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]}
+    # The restarted run's first batch has nothing measured yet: the first change comes after it, from its measurements.
+    assert min(measured) < batch and batch - 1 in measured, (sorted(measured), batch)
+    before = measured[batch - 1]
+    chosen = [item["timeSlices"] for item in json.loads(changes[0].read_text())]
+    current = 1
+    for i, count in enumerate(chosen):
+        combinations, tested = before[f"sliceCombinationsInput{i}"], before[f"conditionChecksInput{i}"]
+        if not (combinations and tested and before["partialCombinationsShipped"]):
+            assert count == current, (i, before)
+            continue
+        overlapped = min(current, partitions - 1)
+        costs = (before[f"sliceProbeNanosInput{i}"] / tested, tested / combinations * overlapped / (overlapped + 1),
+                 before["partialCombinationsShipNanos"] / before["partialCombinationsShipped"])
+        times = {n: predicted_nanos(*costs, n, cores, partitions) for n in range(1, partitions + 1)}
+        fastest = min(times, key=lambda n: (times[n], n))
+        assert count == (fastest if times[fastest] < 0.8 * times[current] else current), (i, count, times)
+    assert chosen[2] > 1, chosen  # (each row of c tested costs a UDF call more often than a row of a or b does)
+    plan = executed_plan(umjoin)
+    assert f"{chosen[2]} time slices per window" in plan, plan
 
 
 def outer_query(spark: SparkSession, directory: Path, how: str, ways: int) -> DataFrame:

@@ -174,9 +174,11 @@ object UMJoinConf {
   val TimeSlices: Setting[Option[Int]] = Setting.autoOrInt("spark.umjoin.timeSlices", min = 1,
     "streaming, joins without an equi-join key: how many time slices the event times a stream's row joins across are " +
       "cut into, each slice's rows in one state partition (see [Joins without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key)); " +
-      "a combination is probed in the partitions of the slices its time range overlaps. `auto`: Spark's default " +
-      "parallelism (`spark.default.parallelism`, else the application's cores), at most the state partitions. When the count changes between micro-batches " +
-      "(the cores, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire")
+      "a combination is probed in the partitions of the slices its time range overlaps. `auto`: at first Spark's default " +
+      "parallelism (`spark.default.parallelism`, else the application's cores), at most the state partitions; then, per stream, the count of least " +
+      "predicted time by paper 004's cost model from the costs the micro-batch before measured (rows tested and their time, combinations shipped " +
+      "and theirs), where it beats the current one by 20%. When the count changes between micro-batches " +
+      "(so chosen, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire")
 
   /** Every setting, in the order the README's table lists them. */
   val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory, WriteBufferSize,

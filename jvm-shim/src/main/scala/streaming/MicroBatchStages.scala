@@ -37,8 +37,15 @@ final case class StageMetrics(
     indexEntries: IndexedSeq[SQLMetric],
     slicePartitions: Map[Int, SQLMetric],
     sliceDrains: Map[Int, SliceDrain],
+    sliceCosts: Option[SliceCostMetrics],
     static: Map[Int, StaticMetrics],
     unmatched: Option[UnmatchedMetrics])
+
+/**
+ * What the tasks measure of time-sliced stores' costs (see [[SliceCosts]]): per sliced input, the
+ * combinations sent to its slices and the time testing them there; the time shipping combinations.
+ */
+final case class SliceCostMetrics(combinations: Map[Int, SQLMetric], probeNanos: Map[Int, SQLMetric], shipNanos: SQLMetric)
 
 /** The metrics of a semi join: combinations no row matched (dropped), and combinations waiting for a match. */
 final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
@@ -293,7 +300,11 @@ private[streaming] final class StageTask(
       val feeds = mutable.Map[Int, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
       val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
-      shipped().flatMap { shippedRow =>
+      // With time-sliced stores, the shuffle's reading of each combination is timed (its part of T_s).
+      val arriving = metrics.sliceCosts.fold(shipped()) { costs =>
+        new StageTask.TimedWithin[InternalRow](shipped(), costs.shipNanos, row => StageTask.continuesRoute(row.getInt(0)))
+      }
+      arriving.flatMap { shippedRow =>
         val envelope = shippedRow.asInstanceOf[UnsafeRow]
         val start = envelope.getInt(0)
         if (start == StageTask.Unmatched) {
@@ -306,7 +317,10 @@ private[streaming] final class StageTask(
           val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
             val (segment, core) = coreOf(start)
             val feed = new StageTask.Feed(job.planOf(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
-            (segment, feed, core.join(feed))
+            // Probing a time-sliced store is timed (T_j, with the rows its conditions test).
+            val probing = job.planOf(start).steps(segment.from).input
+            val probeNanos = metrics.sliceCosts.flatMap(_.probeNanos.get(probing))
+            (segment, feed, probeNanos.fold(core.join(feed))(nanos => new StageTask.TimedWithin(core.join(feed), nanos, (_: InternalRow) => true)))
           })
           feed.set(envelope)
           label(start, rows, segment)
@@ -339,19 +353,20 @@ private[streaming] final class StageTask(
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
     })
     // Into a store spread by time slice: to the partitions of the slices the combination's time range overlaps.
-    val slicesOf = mutable.Map[Int, Option[(SliceWindow, UnsafeProjection)]]()
-    def sliceTargets(start: Int, segment: Route.Segment): Option[(SliceWindow, UnsafeProjection)] = slicesOf.getOrElseUpdate(start, {
+    val slicesOf = mutable.Map[Int, Option[(Int, SliceWindow, UnsafeProjection)]]()
+    def sliceTargets(start: Int, segment: Route.Segment): Option[(Int, SliceWindow, UnsafeProjection)] = slicesOf.getOrElseUpdate(start, {
       val run = job.planOf(start)
       val bound = run.route.order.take(segment.until + 1)
-      job.slices.get(run.steps(segment.until).input).map { window =>
+      val input = run.steps(segment.until).input
+      job.slices.get(input).map { window =>
         val known = window.copy(bounds = window.bounds.filter(b => bound.contains(b.input)))
-        (known, UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
+        (input, known, UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
       }
     })
     val all = 0 until job.partitions
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
     val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
-    StageTask.whenDone(produced().flatMap {
+    val addressed = StageTask.whenDone(produced().flatMap {
       // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
       case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
       case (start, row) =>
@@ -362,13 +377,20 @@ private[streaming] final class StageTask(
             Iterator.single((targetOf(start, segment, keyClass)(row).getInt(0), wrap(start, row)))
           case _ =>
             val wrapped = wrap(start, row)
-            val targets = sliceTargets(start, segment).fold(all.iterator) { case (window, times) => window.partitionsFor(times(row)) }
+            val targets = sliceTargets(start, segment).fold(all.iterator) { case (input, window, times) =>
+              metrics.sliceCosts.foreach(_.combinations(input) += 1)
+              window.partitionsFor(times(row))
+            }
             targets.map { p =>
               metrics.shipped += 1
               (p, wrapped)
             }
         }
     } ++ unmatched(), () => report())
+    // With time-sliced stores, the shuffle's writing of each combination is timed (its part of T_s).
+    metrics.sliceCosts.fold(addressed) { costs =>
+      new StageTask.TimedOutside[(Int, UnsafeRow)](addressed, costs.shipNanos, { case (_, row) => StageTask.continuesRoute(row.getInt(0)) })
+    }
   }
 
   /**
@@ -535,6 +557,58 @@ private[streaming] object StageTask {
       override def sizeInBytes: Long = store.sizeInBytes
       override def close(): Unit = store.close()
     }
+
+  /**
+   * `rows`, adding to `nanos` the time spent getting them: a row's (with the time since the row
+   * before) where `counted`, dropped where not, and the time finding that they ran out.
+   */
+  final class TimedWithin[T](rows: Iterator[T], nanos: SQLMetric, counted: T => Boolean) extends Iterator[T] {
+    private var spent = 0L
+    override def hasNext: Boolean = {
+      val started = System.nanoTime()
+      val more = rows.hasNext
+      spent += System.nanoTime() - started
+      if (!more) {
+        nanos += spent
+        spent = 0L
+      }
+      more
+    }
+    override def next(): T = {
+      val started = System.nanoTime()
+      val row = rows.next()
+      spent += System.nanoTime() - started
+      if (counted(row)) nanos += spent
+      spent = 0L
+      row
+    }
+  }
+
+  /**
+   * `rows`, adding to `nanos` the time their consumer (a shuffle's writer) takes with each row
+   * `counted`: from handing it over until it asks for the next.
+   */
+  final class TimedOutside[T](rows: Iterator[T], nanos: SQLMetric, counted: T => Boolean) extends Iterator[T] {
+    private var handedOver = false
+    private var handedAt = 0L
+    private def back(): Unit = if (handedOver) {
+      nanos += System.nanoTime() - handedAt
+      handedOver = false
+    }
+    override def hasNext: Boolean = {
+      back()
+      rows.hasNext
+    }
+    override def next(): T = {
+      back()
+      val row = rows.next()
+      if (counted(row)) {
+        handedOver = true
+        handedAt = System.nanoTime()
+      }
+      row
+    }
+  }
 
   /** `rows`, then `done()` once they ran out. */
   def whenDone[T](rows: Iterator[T], done: () => Unit): Iterator[T] = new Iterator[T] {

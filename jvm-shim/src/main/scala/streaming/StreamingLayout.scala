@@ -67,17 +67,18 @@ final case class StreamingLayout(
   def isTimeSliced(i: Int): Boolean = timeSlices(i).isDefined
 
   /**
-   * This layout with `slices` slices per span for every input spread by time slice (`spanMs(i)`,
-   * see [[TimeSlicing]]): the slicing changes where it has another count and no rows placed by an
-   * earlier one are left; those placed by the one before are kept where they are until `drained(i)`.
+   * This layout with `slices(i, current)` slices per span for every input i spread by time slice
+   * (`spanMs(i)`, see [[TimeSlicing]]): the slicing changes where it has another count and no rows
+   * placed by an earlier one are left; those placed by the one before are kept where they are until `drained(i)`.
    */
-  def resliced(slices: Int, spanMs: Int => Option[Long], drained: Int => Boolean): StreamingLayout =
+  def resliced(slices: (Int, TimeSlicing) => Int, spanMs: Int => Option[Long], drained: Int => Boolean): StreamingLayout =
     copy(timeSlices = timeSlices.indices.map { i =>
       timeSlices(i).map { current =>
         val kept = if (drained(i)) current.copy(earlierWidthsMs = Nil) else current
-        spanMs(i).filter(_ => kept.slices != slices && kept.earlierWidthsMs.isEmpty).fold(kept) { span =>
-          val width = TimeSlicing.width(span, slices)
-          TimeSlicing(slices, width, Seq(kept.widthMs).filter(_ != width))
+        val count = slices(i, kept)
+        spanMs(i).filter(_ => kept.slices != count && kept.earlierWidthsMs.isEmpty).fold(kept) { span =>
+          val width = TimeSlicing.width(span, count)
+          TimeSlicing(count, width, Seq(kept.widthMs).filter(_ != width))
         }
       }
     })

@@ -18,7 +18,7 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * the ones saying why joins stayed Spark's are what `umjoin.plans.unconverted_streaming_joins`
  * returns), each operator's probe routes and their statistics ([[StreamingRoutes]]), the last
  * load of each stored static table ([[StaticVersions]]), and what the last micro-batch counted of
- * rows placed by an earlier time slicing ([[SliceDrain]]), and whose state each join's checkpoint held
+ * rows placed by an earlier time slicing ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), and whose state each join's checkpoint held
  * when the run started ([[OperatorCheckpoint.WrittenBy]]). When the query terminates (Spark's
  * QueryTerminatedEvent, heard on the driver), its routes, loads and this JVM's static caches go; its
  * notes stay, for the last [[KeptNotes]] runs, so that a stopped query can still be asked why.
@@ -40,6 +40,8 @@ object StreamingRegistry {
     private[streaming] val staticLoads = new ConcurrentHashMap[(Long, Int), StaticVersions.Loaded]()
     /** Per (operator id, input): what the last micro-batch counted of the rows an earlier time slicing placed. */
     private[streaming] val sliceDrains = new ConcurrentHashMap[(Long, Int), SliceDrain]()
+    /** Per operator id: what the last micro-batch measured of its time-sliced stores' costs. */
+    private[streaming] val sliceCosts = new ConcurrentHashMap[Long, SliceCosts]()
     /** Per operator id: whose state its checkpoint held when the run first looked (listed once, not every micro-batch). */
     private[streaming] val writtenBefore = new ConcurrentHashMap[Long, OperatorCheckpoint.WrittenBy]()
   }
@@ -86,6 +88,7 @@ object StreamingRegistry {
       run.routes.clear()
       run.staticLoads.clear()
       run.sliceDrains.clear()
+      run.sliceCosts.clear()
       run.writtenBefore.clear()
     }
     staticCaches.keySet.removeIf(_.runId == runId)

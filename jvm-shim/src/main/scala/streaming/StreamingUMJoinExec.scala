@@ -119,6 +119,8 @@ case class StreamingUMJoinExec(
     StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores"),
     StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there"),
     StatefulOperatorCustomSumMetric("memoryIndexBytes", "bytes of the indexes built in memory to be probed")) ++
+    (if (!layout.timeSlices.exists(_.isDefined)) Nil
+    else Seq(StatefulOperatorCustomSumMetric("partialCombinationsShipNanos", "time the shuffles took to write and read the partial combinations shipped (ns)"))) ++
     children.indices.flatMap { i =>
       val name = s"input #$i ${inputLabels(i)}"
       Seq(
@@ -135,7 +137,9 @@ case class StreamingUMJoinExec(
         (if (!layout.isTimeSliced(i)) Nil
         else Seq(
           StatefulOperatorCustomSumMetric(s"slicePartitionsInput$i", s"$name: partitions holding its rows (time slices)"),
-          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before the last change"))) ++
+          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before the last change"),
+          StatefulOperatorCustomSumMetric(s"sliceCombinationsInput$i", s"$name: partial combinations sent to its time slices"),
+          StatefulOperatorCustomSumMetric(s"sliceProbeNanosInput$i", s"$name: time probing its time slices for them (ns)"))) ++
         (if (!graphShape.outer.contains(i)) Nil
         else Seq(StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns"))) ++
         (if (!semiInput.contains(i)) Nil else Seq(
@@ -268,6 +272,16 @@ case class StreamingUMJoinExec(
       StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains.put((info.operatorId, j), drain)
       j -> drain
     }.toMap
+    // What probing and shipping cost in this batch; with `auto` slices the next batch's planning reads it (SliceCount).
+    val sliced = children.indices.filter(layout.isTimeSliced)
+    val sliceCosts = Option.when(sliced.nonEmpty) {
+      val measured = SliceCostMetrics(sliced.map(j => j -> longMetric(s"sliceCombinationsInput$j")).toMap,
+        sliced.map(j => j -> longMetric(s"sliceProbeNanosInput$j")).toMap, longMetric("partialCombinationsShipNanos"))
+      StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId, SliceCosts(info.storeVersion,
+        sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
+        sliced.map(j => j -> longMetric(InputMetrics.conditionChecks(j))).toMap, longMetric("partialCombinationsShipped")))
+      measured
+    }
     val metrics = StageMetrics(
       numOutputRows = longMetric("numOutputRows"),
       inputs = children.indices.map(inputMetrics),
@@ -281,6 +295,7 @@ case class StreamingUMJoinExec(
       indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
       slicePartitions = children.indices.filter(layout.isTimeSliced).map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
       sliceDrains = sliceDrains,
+      sliceCosts = sliceCosts,
       static = staticLoads.keys.map { i =>
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))

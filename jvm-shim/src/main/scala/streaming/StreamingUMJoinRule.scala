@@ -341,10 +341,23 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
         def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
           .filter(_ > 0).maxOption
-        // As many slices as tasks run at once by default (Spark's default parallelism: the cores unless set): each slice more only sends more.
-        val slices = timeSlices.getOrElse(session.sparkContext.defaultParallelism).min(info.numPartitions)
-        val drains = StreamingRegistry.run(info.queryRunId, session.sparkContext).sliceDrains
-        def drained(i: Int): Boolean = Option(drains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
+        // At first as many slices as tasks run at once (Spark's default parallelism: the cores unless set); with `auto`
+        // then the count of least predicted time from what the batch before measured (paper 004's model: SliceCount).
+        val cores = session.sparkContext.defaultParallelism
+        val firstSlices = timeSlices.getOrElse(cores).min(info.numPartitions)
+        val registry = StreamingRegistry.run(info.queryRunId, session.sparkContext)
+        def slices(i: Int, current: TimeSlicing): Int = timeSlices.map(_.min(info.numPartitions)).getOrElse {
+          Option(registry.sliceCosts.get(info.operatorId)).flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { measured =>
+            val count = SliceCount.best(measured, current.slices, cores, info.numPartitions)
+            if (count != current.slices && current.earlierWidthsMs.isEmpty) {
+              logInfo(s"UMJoin: operator ${info.operatorId} input $i: $count time slices per window instead of ${current.slices}, " +
+                f"from micro-batch ${info.storeVersion - 1}: ${measured.testNanos}%.0f ns per stored row tested, " +
+                f"${measured.rowsPerSpan}%.1f rows per window, ${measured.sendNanos}%.0f ns per combination shipped")
+            }
+            count
+          }
+        }
+        def drained(i: Int): Boolean = Option(registry.sliceDrains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
         // The time slicing last recorded; a micro-batch that recorded a change (run again after a failure) keeps it.
         def continued(recorded: StreamingLayout): StreamingLayout =
           if (!recorded.timeSlices.exists(_.isDefined)) recorded
@@ -359,7 +372,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
             case None => estimatedSizes(inputs, kinds, graph)
           }
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs, slices)
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs, firstSlices)
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
           chosen
         }) match {

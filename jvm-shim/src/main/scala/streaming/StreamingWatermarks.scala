@@ -1,7 +1,7 @@
 package umjoin.spark.streaming
 
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
-import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, Expression, GetStructField, LessThanOrEqual, Literal, Not, Or}
+import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, Expression, GetStructField, LessThanOrEqual, Literal, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.execution.streaming.operators.stateful.WatermarkSupport
 import org.apache.spark.sql.types.{LongType, StructType}
@@ -52,7 +52,7 @@ final case class TimeDistances(bounds: IndexedSeq[IndexedSeq[Option[Long]]]) {
  * r.time <= W - d(i, m) for every m. Without a bound for some m, input i's state is kept
  * (spark.umjoin.stateTtl can bound it).
  */
-object StreamingWatermarks {
+object StreamingWatermarks extends PredicateHelper {
 
   def eventTimeColumn(attributes: Seq[Attribute]): Option[Attribute] =
     attributes.find(_.metadata.contains(EventTimeWatermark.delayKey))
@@ -150,18 +150,22 @@ object StreamingWatermarks {
    * d(i)(m): the tightest bound (ms) the conditions put on m.time - i.time, through any chain of
    * inputs; None when unbounded. Direct bounds come from Spark's analysis of the conditions between
    * two inputs, asked relative to a far-away watermark so that no value is clipped (n² analyses of
-   * every condition: computed once per group, not per input asked about).
+   * every condition: computed once per group, not per input asked about). Each analysis is given the
+   * conditions over the two inputs' columns only: Spark's finds no bound in one reading a third
+   * input's column, and logs a warning with a stack trace for each.
    */
   def timeDistances(inputOutputs: Seq[Seq[Attribute]], conditions: Seq[Expression]): TimeDistances = {
     val n = inputOutputs.size
     val far = 1000000000000L
-    val condition = conditions.reduceOption(And)
+    val conjuncts = conditions.flatMap(splitConjunctivePredicates)
     val d = Array.tabulate(n, n) { (i, m) =>
+      val columns = AttributeSet(inputOutputs(i) ++ inputOutputs(m))
       if (i == m) Some(0L)
       else for {
         _ <- eventTimeColumn(inputOutputs(i))
         _ <- eventTimeColumn(inputOutputs(m))
-        bound <- StreamingJoinHelper.getStateValueWatermark(AttributeSet(inputOutputs(i)), AttributeSet(inputOutputs(m)), condition, Some(far))
+        between = conjuncts.filter(_.references.subsetOf(columns)).reduceOption(And)
+        bound <- StreamingJoinHelper.getStateValueWatermark(AttributeSet(inputOutputs(i)), AttributeSet(inputOutputs(m)), between, Some(far))
       } yield far - bound
     }
     for (k <- 0 until n; i <- 0 until n; m <- 0 until n) {
