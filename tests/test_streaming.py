@@ -10,6 +10,7 @@ import datetime
 import os
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,34 @@ def test_a_checkpoint_laid_out_for_another_join_is_refused(spark: SparkSession, 
     message = str(failure.value)
     assert "holds StreamingUMJoin state for operator 0 that this query cannot continue: input #" in message
     assert "which this join does not join it on" in message and "use a new checkpoint location" in message
+
+
+def test_a_checkpoint_whose_umjoin_state_was_deleted_is_refused_saying_so(spark: SparkSession, tmp_path: Path) -> None:
+    """A restart from a checkpoint whose StreamingUMJoin state is gone (the layout record and the stores; Spark's
+    operator metadata, which Spark checks itself, kept) is refused with what is missing, not read as state Spark's
+    joins wrote, nor started again from nothing."""
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+
+    def run_once() -> None:
+        frames = {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}
+        query = (chain(frames).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    for value in (3, 4):
+        for name in "xyz":
+            write_batches(tmp_path / name, columns[name], [[(1, 2, value)]])
+        if value == 4:
+            for kept in (tmp_path / "ck" / "state" / "0").iterdir():
+                if kept.name != "_metadata":
+                    shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
+            with pytest.raises(Exception) as failure:
+                run_once()
+        else:
+            run_once()
+    message = str(failure.value)
+    assert "has no state for operator 0" in message and "_umjoin_layout.json" in message, message
+    assert "it was deleted or moved" in message and "use a new checkpoint location" in message, message
 
 
 @pytest.mark.parametrize("change", ["older format", "no layout record"])

@@ -231,6 +231,30 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
     assert any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
 
 
+def test_a_full_outer_join_above_a_streaming_umjoin_on_one_key_reads_its_rows_as_they_are_partitioned(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A StreamingUMJoin on one key puts each result out in the partition of its key (every route runs where its
+    start row is): as over Spark's inner joins, no exchange between it and a full outer join above on that key."""
+    random_streams(tmp_path, 12)
+    near = lambda a, b: F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))  # noqa: E731
+
+    def query() -> DataFrame:
+        f = {n: stream(spark, tmp_path / n, columns(n)).withWatermark(f"{n}_ts", DELAY) for n in "wxyz"}
+        inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
+                 .join(f["w"], (F.col("y_k") == F.col("w_k")) & near("w_ts", "x_ts")).drop("w_ts"))
+        return inner.join(f["z"], (F.col("w_k") == F.col("z_k")) & near("z_ts", "x_ts"), "full_outer")
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+
+    assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "FullOuter" in plan, plan
+    assert "Exchange" not in plan[plan.index("FullOuter"):plan.index("StreamingUMJoin inputs=")], plan
+
+
 def test_a_full_outer_join_above_a_streaming_umjoin_on_two_keys_gets_its_rows_partitioned_by_its_key(
         spark: SparkSession, tmp_path: Path) -> None:
     """Spark put no exchange under the full outer join (which no StreamingUMJoin takes): the inner joins below put out

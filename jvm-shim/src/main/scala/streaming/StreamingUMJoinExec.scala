@@ -5,7 +5,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
-import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, IdentityBroadcastMode, Partitioning, StatefulOpClusteredDistribution, UnknownPartitioning}
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
@@ -107,7 +107,25 @@ case class StreamingUMJoinExec(
     }
   }
 
-  override def outputPartitioning: Partitioning = UnknownPartitioning(getStateInfo.numPartitions)
+  /**
+   * Where every partitioned input is on one key class (and none is spread by time slice), each route
+   * runs in the partition its start row was placed in, so each result comes out in the partition of
+   * its value of that class: hash-partitioned by each input's key of it, as the child's exchange
+   * placed the rows (an outer join's non-preserved key is NULL where padded, a semi join's is not
+   * put out). Spark's joins put their rows out the same way, so an operator above keyed by that
+   * key needs no exchange. Otherwise unknown: a route ending on another class puts its results out
+   * in that class's partitions.
+   */
+  override def outputPartitioning: Partitioning = {
+    val graph = joinGraph
+    val partitions = getStateInfo.numPartitions
+    val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
+    val keys = partitioned.filterNot(j => graphShape.outer.contains(j) || graphShape.filters.contains(j))
+      .flatMap(StreamingUMJoinExec.placement(layout, graph, _, partitions)).filter(_.references.subsetOf(outputSet))
+    if (partitioned.flatMap(layout.partitionClass).distinct.size != 1 || partitioned.exists(layout.isTimeSliced) || keys.isEmpty) {
+      UnknownPartitioning(partitions)
+    } else PartitioningCollection(keys.map(key => HashPartitioning(Seq(key), partitions)))
+  }
 
   // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on the
   // joins this node replaces, before it exists.

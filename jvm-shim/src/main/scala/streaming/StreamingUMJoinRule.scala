@@ -151,10 +151,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             s"${info.operatorId} written by an earlier version of UMJoin, whose state layout this version cannot read. Use a new " +
             s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
         }
-        if (isUMJoin && !hasUMJoinState) {
+        if (isUMJoin && !hasUMJoinState && checkpoint.hasSparkJoinState) {
           throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
             s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
             s"spark.umjoin.enabled=false, or use a new checkpoint location to run this query with UMJoin.")
+        }
+        if (isUMJoin && !hasUMJoinState) {
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} has no state for operator ${info.operatorId} " +
+            s"(no StreamingUMJoin layout record, ${checkpoint.layoutFile}, and no state of Spark's join), although micro-batch " +
+            s"${info.storeVersion} continues a query that ran before: it was deleted or moved. Restore it, or use a new checkpoint location.")
         }
         if (!isUMJoin && hasUMJoinState) {
           mismatched.get(info.operatorId).foreach(refusal => throw new IllegalStateException(refusal))
