@@ -231,43 +231,23 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
     assert any(row[-1] is None for row in on) and any(row[-1] is not None for row in on)
 
 
-def test_a_full_outer_join_above_a_streaming_umjoin_on_one_key_reads_its_rows_as_they_are_partitioned(
-        spark: SparkSession, tmp_path: Path) -> None:
-    """A StreamingUMJoin on one key puts each result out in the partition of its key (every route runs where its
-    start row is): as over Spark's inner joins, no exchange between it and a full outer join above on that key."""
-    random_streams(tmp_path, 12)
-    near = lambda a, b: F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))  # noqa: E731
-
-    def query() -> DataFrame:
-        f = {n: stream(spark, tmp_path / n, columns(n)).withWatermark(f"{n}_ts", DELAY) for n in "wxyz"}
-        inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
-                 .join(f["w"], (F.col("y_k") == F.col("w_k")) & near("w_ts", "x_ts")).drop("w_ts"))
-        return inner.join(f["z"], (F.col("w_k") == F.col("z_k")) & near("z_ts", "x_ts"), "full_outer")
-
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
-        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
-
-    assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)
-    plan = executed_plan(umjoin)
-    assert plan.count("StreamingUMJoin inputs=") == 1 and "FullOuter" in plan, plan
-    assert "Exchange" not in plan[plan.index("FullOuter"):plan.index("StreamingUMJoin inputs=")], plan
-
-
-def test_a_full_outer_join_above_a_streaming_umjoin_on_two_keys_gets_its_rows_partitioned_by_its_key(
-        spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("seed", "second_key"), [(11, "j"), (12, "k")])
+def test_a_full_outer_join_above_a_streaming_umjoin_reads_its_rows_partitioned_by_its_key(
+        spark: SparkSession, tmp_path: Path, seed: int, second_key: str) -> None:
     """Spark put no exchange under the full outer join (which no StreamingUMJoin takes): the inner joins below put out
-    their rows partitioned by its key. A StreamingUMJoin on two keys puts a result out where its last store probed
-    is, so its rows are shuffled for the join above (without that: rows missing, rows padded that matched)."""
-    random_streams(tmp_path, 11)
+    their rows partitioned by its key. A StreamingUMJoin on two keys (w and z on j) puts a result out where its last
+    store probed is, so its rows are shuffled for the join above (without that: rows missing, rows padded that
+    matched). One on one key (all on k) puts each result out in the partition of its key (every route runs where its
+    start row is), so, as over Spark's joins, there is no exchange between."""
+    random_streams(tmp_path, seed)
     near = lambda a, b: F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))  # noqa: E731
+    on_key = lambda a, b: F.col(f"{a}_{second_key}") == F.col(f"{b}_{second_key}")  # noqa: E731
 
     def query() -> DataFrame:
         f = {n: stream(spark, tmp_path / n, columns(n)).withWatermark(f"{n}_ts", DELAY) for n in "wxyz"}
         inner = (f["x"].join(f["y"], (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
-                 .join(f["w"], (F.col("x_j") == F.col("w_j")) & near("w_ts", "x_ts")).drop("w_ts"))
-        return inner.join(f["z"], (F.col("x_j") == F.col("z_j")) & near("z_ts", "x_ts"), "full_outer")
+                 .join(f["w"], on_key("x", "w") & near("w_ts", "x_ts")).drop("w_ts"))
+        return inner.join(f["z"], on_key("w", "z") & near("z_ts", "x_ts"), "full_outer")
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
@@ -277,4 +257,5 @@ def test_a_full_outer_join_above_a_streaming_umjoin_on_two_keys_gets_its_rows_pa
     assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "FullOuter" in plan, plan
-    assert "Exchange hashpartitioning(x_j" in plan[plan.index("FullOuter"):plan.index("StreamingUMJoin inputs=")], plan
+    between = plan[plan.index("FullOuter"):plan.index("StreamingUMJoin inputs=")]
+    assert ("Exchange hashpartitioning(w_j" in between) if second_key == "j" else ("Exchange" not in between), plan
