@@ -311,7 +311,7 @@ case class StreamingUMJoinExec(
       removed = longMetric("numRemovedStateRows"),
       stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
       indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
-      slicePartitions = children.indices.filter(layout.isTimeSliced).map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
+      slicePartitions = sliced.map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
       sliceDrains = sliceDrains,
       sliceCosts = sliceCosts,
       static = staticLoads.keys.map { i =>
