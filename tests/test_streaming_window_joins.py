@@ -23,7 +23,7 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import BooleanType
+from pyspark.sql.types import BooleanType, TimestampType
 
 from test_streaming import ROCKSDB, executed_plan, nulls_first, stream, write_batches
 from test_streaming_outer import hold_back_second_half, run_by_batch
@@ -291,13 +291,20 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
     assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
 
 
-def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_row_once_to_a_file_sink(
+def recorded_slicings(checkpoint: Path) -> dict[int, list[dict]]:  # type: ignore[type-arg]
+    """Per micro-batch that changed the time slicing, each input's slicing as the checkpoint recorded it."""
+    operator = next((checkpoint / "state").glob("*/_umjoin_layout.json")).parent
+    return {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in operator.glob("_umjoin_slices_*.json")}
+
+
+def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_rows_and_puts_out_every_row_once_to_a_file_sink(
         spark: SparkSession, tmp_path: Path) -> None:
-    """The query stops halfway with its rows spread over 6 slices per window and restarts with 3: the new
-    rows are placed by the new slices, the stored ones stay where they are and are probed there until none is
-    left. The file sink holds what Spark's own joins (keyed by the slice) put out over the same restart, each row
-    once. The layout record is as the version before slice counts wrote it (the width only, a slice per partition:
-    read as 6 slices over the 6 partitions). (With RocksDB and `auto`: the test after this one.)"""
+    """The query stops halfway with its rows spread over 6 slices per window and restarts with 3: once a micro-batch
+    reported where the stored rows' event times end, the new slices start at a slice boundary past them; the stored
+    rows stay where they are and are probed there until none is left. The file sink holds what Spark's own joins
+    (keyed by the slice) put out over the same restart, each row once. The layout record is as the version before
+    slice counts wrote it (the width only, a slice per partition: read as 6 slices over the 6 partitions). (With
+    RocksDB and `auto`: the test after this one.)"""
     rng = random.Random(4)
     streams = random_rows(rng)
     write_in_batches(tmp_path, streams, rng)
@@ -307,7 +314,7 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
         for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
             layout = json.loads(record.read_text())
             for item in layout["inputs"]:
-                del item["timeSlices"], item["earlierTimeSliceMs"]
+                del item["timeSlices"], item["timeSliceStretches"]
             record.write_text(json.dumps(layout))
             (record.parent / f".{record.name}.crc").unlink()  # (Hadoop's checksum of the file as it was)
 
@@ -320,20 +327,60 @@ def test_a_restart_with_other_time_slices_moves_the_slices_and_puts_out_every_ro
             off, _ = to_files("off")
 
     assert on == off and on  # (the same rows, each as often)
-    # The checkpoint: the layout as it started, and the change, recorded by the batch that made it.
     operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
     started = [item.get("timeSlices") for item in json.loads((operator / "_umjoin_layout.json").read_text())["inputs"]]
-    assert started == [None] * 3
-    changes = sorted(operator.glob("_umjoin_slices_*.json"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
-    assert changes and [item["timeSlices"] for item in json.loads(changes[0].read_text())] == [3, 3, 3], changes
-    assert all(item["earlierTimeSliceMs"] for item in json.loads(changes[0].read_text())), changes
-    # Once a micro-batch found no row placed by the slices before, the next one probed by the new slices alone.
-    assert len(changes) == 2 and all(item["earlierTimeSliceMs"] == [] and item["timeSlices"] == 3 for item in json.loads(changes[1].read_text()))
-    progress = [p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]]
-    # Rows placed by the first slices were probed where they are after the restart, until all were evicted.
-    assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
+    assert started == [None] * 3  # (the layout as it started)
+    restarted = min(p["batchId"] for p in umjoin.recentProgress)
+    changes = recorded_slicings(tmp_path / "ck-on")
+    assert min(changes) >= restarted, changes  # (so the restart read the layout record as the version before wrote it)
+    counted = [batch for batch, slicing in sorted(changes.items()) if [item["timeSlices"] for item in slicing] == [3, 3, 3]]
+    # The restarted run's first batch knows nothing of the stored rows' times: the change comes in its second.
+    assert counted and counted[0] == restarted + 1, (restarted, changes)
+    # New slices start at a boundary of the old ones past the stored rows' times: after BASE, and within a slice of the
+    # latest event time of the rows written before the restart (the day-two rows come after it, in the second half).
+    latest = TimestampType().toInternal(BASE + datetime.timedelta(seconds=30 * 59))
+    for item in changes[counted[0]]:
+        first, *later = item["timeSliceStretches"]
+        for start, _, _ in later:
+            assert (start - first[0]) % (first[1] * 1000) == 0 and TimestampType().toInternal(BASE) < start <= latest + first[1] * 1000, item
+    # Once the rows of the first slicing were evicted, the slicing was one stretch again.
+    assert all(len(item["timeSliceStretches"]) == 1 for item in changes[max(changes)]), changes
     plan = executed_plan(umjoin)
     assert plan.count("3 time slices per window") == 3 and "still probed there" not in plan, plan
+
+
+def test_slices_past_a_burst_are_narrower_so_each_holds_as_many_rows_and_the_answer_stays_sparks(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Paper 004's load balancing: the slices' rows, not their time, kept even. The streams bring a row a minute for
+    half an hour, then one every 2 seconds: past the burst's first micro-batch the slices are cut narrower, by the
+    ratio of the rates the micro-batch before measured (stored rows against the rows it brought), so that each
+    holds about as many rows and the burst's rows are spread over the partitions instead of filling one. Every
+    micro-batch puts out what Spark's joins keyed by the slice put out in it, and everything equals a nested loop."""
+    rng = random.Random(11)
+    minute = datetime.timedelta(minutes=1)
+    slow = [BASE + i * minute for i in range(30)]
+    burst = [[BASE + 30 * minute + k * minute + datetime.timedelta(seconds=2 * i) for i in range(30)] for k in range(3)]
+    streams = {}
+    for name in NAMES:
+        batches = [slow[:10], slow[10:20], slow[20:], *burst]
+        rows = [[(rng.randrange(3), rng.randrange(100), at) for at in batch] for batch in batches]
+        streams[name] = [row for batch in rows for row in batch]
+        write_batches(tmp_path / name, columns(name), [*rows, [(9, 0, BASE + datetime.timedelta(days=2))]])
+    settings = {"spark.sql.shuffle.partitions": "4", "spark.umjoin.timeSlices": "2"}
+    with temporary_conf(spark, settings):
+        umjoin, on = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            _, off = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-off", tmp_path / "out-off")
+
+    assert on == off  # the same rows, each put out in the same micro-batch
+    assert sorted(row for row, batches in on.items() for _ in batches) == nested_loop(streams, keyed=False)
+    changes = recorded_slicings(tmp_path / "ck-on")
+    # Planned after the burst's first batch (batch 3): every stream's slices past it, at least 4 times narrower.
+    assert 4 in changes, changes
+    for item in changes[4]:
+        steady, *past = item["timeSliceStretches"]
+        assert item["timeSlices"] == 2 and past and past[-1][1] * 4 <= steady[1], item
+        assert past[-1][0] > TimestampType().toInternal(burst[0][-1]), item  # (past every row stored)
 
 
 def predicted_nanos(test: float, rows: float, send: float, n: int, cores: int, partitions: int) -> float:
@@ -360,15 +407,16 @@ def test_auto_time_slices_are_chosen_from_the_costs_the_micro_batch_before_measu
             off, _ = restarted_to_files(spark, tmp_path, "off", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True))
     assert on == off and on  # (the same rows, each as often)
 
-    operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
-    changes = sorted(operator.glob("_umjoin_slices_*.json"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
-    assert changes, "no change of the slice counts recorded"
-    batch = int(changes[0].stem.rsplit("_", 1)[1])
     measured = {p["batchId"]: p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]}
+    # (Changes of the slices' widths alone, balancing their rows, may come before: the counts are what this test is about.)
+    counts = {batch: [item["timeSlices"] for item in slicing] for batch, slicing in recorded_slicings(tmp_path / "ck-on").items()}
+    changed = [batch for batch in sorted(counts) if counts[batch] != [1, 1, 1]]
+    assert changed, f"no change of the slice counts recorded: {counts}"
+    batch = changed[0]
     # The restarted run's first batch has nothing measured yet: the first change comes after it, from its measurements.
     assert min(measured) < batch and batch - 1 in measured, (sorted(measured), batch)
     before = measured[batch - 1]
-    chosen = [item["timeSlices"] for item in json.loads(changes[0].read_text())]
+    chosen = counts[batch]
     current = 1
     for i, count in enumerate(chosen):
         combinations, tested = before[f"sliceCombinationsInput{i}"], before[f"conditionChecksInput{i}"]

@@ -178,7 +178,9 @@ object UMJoinConf {
       "parallelism (`spark.default.parallelism`, else the application's cores), at most the state partitions; then, per stream, the count of least " +
       "predicted time by paper 004's cost model from the costs the micro-batch before measured (rows tested and their time, combinations shipped " +
       "and theirs), where it beats the current one by 20%. When the count changes between micro-batches " +
-      "(so chosen, or this setting before a restart), new rows are placed by the new slices and stored rows stay where they are until they expire")
+      "(so chosen, or this setting before a restart: from the second micro-batch after it), the new slices start past the stored rows' " +
+      "event times, which stay where they are until they expire. With either, slices past a micro-batch whose rows came at another rate " +
+      "than the stored ones' are narrower or wider, so that each holds about as many rows")
 
   /** Every setting, in the order the README's table lists them. */
   val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory, WriteBufferSize,

@@ -38,6 +38,7 @@ final case class StageMetrics(
     slicePartitions: Map[Int, SQLMetric],
     sliceDrains: Map[Int, SliceDrain],
     sliceCosts: Option[SliceCostMetrics],
+    slicedRows: Map[Int, SlicedRowsAccumulator],
     static: Map[Int, StaticMetrics],
     unmatched: Option[UnmatchedMetrics])
 
@@ -457,11 +458,30 @@ private[streaming] final class StageTask(
       }
       job.kinds(j) match {
         case InputKind.Stream =>
+          // A sliced stream's event times are reported from the scan that evicts rows: those of the rows it keeps, and of
+          // those among them stored in this batch (a late row evicted at once is no measure of the rate rows come at).
+          // The next batch's slicing is cut past the former, balanced by both's rates.
+          val times = metrics.slicedRows.get(j).map { accumulator =>
+            (accumulator, GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j)))
+          }
+          val stored = new EventTimes.Counter
+          val arrived = new EventTimes.Counter
           store(fresh(j, Some(metrics.droppedLate)))
           val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
-          if (job.stateTtlMs.isDefined || evict.isDefined) {
-            metrics.removed += writer.removeWhere((storedAt, row) => !visible(storedAt) || evict.exists(_.eval(row)))
+          if (job.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
+            metrics.removed += writer.removeWhere { (storedAt, row) =>
+              val gone = !visible(storedAt) || evict.exists(_.eval(row))
+              times.foreach { case (_, time) =>
+                val t = time(row)
+                if (!gone && !t.isNullAt(0)) {
+                  stored.add(t.getLong(0))
+                  if (storedAt == job.nowMs) arrived.add(t.getLong(0))
+                }
+              }
+              gone
+            }
           }
+          times.foreach { case (accumulator, _) => accumulator.add(SlicedRows(Set(partition), stored.times, arrived.times)) }
         case _ if job.loads(j) =>
           metrics.removed += writer.removeWhere((_, _) => true)
           store(fresh(j, None))

@@ -163,12 +163,21 @@ object OperatorCheckpoint {
       "statistics" -> JString(layout.statistics))))
   }
 
-  /** An input's time slicing as the records keep it (fields of its entry in the layout record; an object of its own in a change's). */
+  /**
+   * An input's time slicing as the records keep it (fields of its entry in the layout record; an
+   * object of its own in a change's): the width new event times are cut by, the count, and every
+   * stretch [from µs, width ms, first slice]; `earlierTimeSliceMs` only as read from a version before stretches.
+   */
   private def slicingJson(slicing: Option[TimeSlicing]): JValue = JObject(slicing.toList.flatMap { t =>
-    List[JField]("timeSliceMs" -> JInt(t.widthMs), "timeSlices" -> JInt(t.slices), "earlierTimeSliceMs" -> JArray(t.earlierWidthsMs.map(JInt(_)).toList))
+    List[JField]("timeSliceMs" -> JInt(t.widthMs), "timeSlices" -> JInt(t.slices),
+      "timeSliceStretches" -> JArray(t.stretches.map(s => JArray(List(JInt(s.fromMicros), JInt(s.widthMs), JInt(s.firstSlice)))).toList)) ++
+      (if (t.earlierWidthsMs.isEmpty) Nil else List[JField]("earlierTimeSliceMs" -> JArray(t.earlierWidthsMs.map(JInt(_)).toList)))
   })
 
-  /** An input's time slicing read from its record; records written before the count was chosen (a slice per partition) have the width only. */
+  /**
+   * An input's time slicing read from its record. Records written before stretches have the width
+   * only (slices of it from the epoch); before the count was chosen, not the count (a slice per partition).
+   */
   private def timeSlicing(item: JValue, partitions: Int): Option[TimeSlicing] = item \ "timeSliceMs" match {
     case JInt(ms) =>
       val slices = item \ "timeSlices" match {
@@ -179,7 +188,11 @@ object OperatorCheckpoint {
         case JArray(ws) => ws.collect { case JInt(w) => w.toLong }
         case _ => Nil
       }
-      Some(TimeSlicing(slices, ms.toLong, earlier))
+      val stretches = item \ "timeSliceStretches" match {
+        case JArray(all) => all.collect { case JArray(List(JInt(from), JInt(width), JInt(first))) => SliceStretch(from.toLong, width.toLong, first.toLong) }
+        case _ => Nil
+      }
+      Some(TimeSlicing(slices, if (stretches.isEmpty) TimeSlicing(slices, ms.toLong).stretches else stretches, earlier))
     case _ => None
   }
 

@@ -8,10 +8,16 @@ import org.apache.spark.sql.execution.metric.SQLMetric
  * `spark.umjoin.timeSlices=auto` ([[SliceCount]]). The figures are the batch's metrics, summed over
  * its tasks: those its tasks time (`timed`), the stored rows of each sliced input the conditions
  * tested (`tested`) and the partial combinations shipped between stages (`shipped`: one per
- * partition sent to). `slices`: each sliced input's count in the batch.
+ * partition sent to). `slices`: each sliced input's count in the batch. `rows`: the event times of
+ * each sliced input's rows stored after the batch and brought by it (a new slicing is cut past the
+ * former, its width balanced by both's rates).
  */
 final case class SliceCosts(storeVersion: Long, slices: Map[Int, Int], partitions: Int, timed: SliceCostMetrics,
-    tested: Map[Int, SQLMetric], shipped: SQLMetric) {
+    tested: Map[Int, SQLMetric], shipped: SQLMetric, rows: Map[Int, SlicedRowsAccumulator]) {
+
+  /** What the batch before the one of `version` reported of sliced input j's rows, where every partition reported. */
+  def rowsBefore(version: Long, j: Int): Option[SlicedRows] =
+    rows.get(j).map(_.value).filter(reported => storeVersion == version - 1 && reported.partitions.size == partitions)
 
   /** What the batch before the one of `version` measured for sliced input j, where it tested and shipped rows. */
   def measuredBefore(version: Long, j: Int): Option[SliceCount.Measured] =

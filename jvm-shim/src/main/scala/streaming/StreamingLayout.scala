@@ -68,18 +68,20 @@ final case class StreamingLayout(
 
   /**
    * This layout with `slices(i, current)` slices per span for every input i spread by time slice
-   * (`spanMs(i)`, see [[TimeSlicing]]): the slicing changes where it has another count and no rows
-   * placed by an earlier one are left; those placed by the one before are kept where they are until `drained(i)`.
+   * (`spanMs(i)`, see [[TimeSlicing]]), balanced by the rows' rates and cut past the event times of
+   * the rows stored, as the micro-batch before reported them (`rows(i)`: None where not known,
+   * and then nothing changes). A slicing recorded by a version before stretches keeps its count
+   * until its earlier rows are `drained(i)`.
    */
-  def resliced(slices: (Int, TimeSlicing) => Int, spanMs: Int => Option[Long], drained: Int => Boolean): StreamingLayout =
+  def resliced(slices: (Int, TimeSlicing) => Int, spanMs: Int => Option[Long], drained: Int => Boolean,
+      rows: Int => Option[SlicedRows]): StreamingLayout =
     copy(timeSlices = timeSlices.indices.map { i =>
       timeSlices(i).map { current =>
         val kept = if (drained(i)) current.copy(earlierWidthsMs = Nil) else current
-        val count = slices(i, kept)
-        spanMs(i).filter(_ => kept.slices != count && kept.earlierWidthsMs.isEmpty).fold(kept) { span =>
-          val width = TimeSlicing.width(span, count)
-          TimeSlicing(count, width, Seq(kept.widthMs).filter(_ != width))
-        }
+        (for (reported <- rows(i); span <- spanMs(i) if kept.earlierWidthsMs.isEmpty) yield {
+          val count = slices(i, kept)
+          kept.recut(count, TimeSlicing.balancedWidth(span, count, reported, Option.when(count == kept.slices)(kept.widthMs)), reported.stored.range)
+        }).getOrElse(kept)
       }
     })
 
@@ -190,22 +192,6 @@ final case class StreamingLayout(
   }
 }
 
-/**
- * How a stream's rows are spread by time slice: the event times a row can join across (its span:
- * the widest range, before and after it, the conditions let another stream's rows be in) are cut
- * into `slices` slices of `widthMs`, slice s of the event times kept in partition s mod n of the n
- * state partitions. Rows stay where they were placed: after the count changed, rows placed by the
- * slices before (`earlierWidthsMs`) are still probed there, until none of them is left.
- */
-final case class TimeSlicing(slices: Int, widthMs: Long, earlierWidthsMs: Seq[Long]) {
-  /** Every width some stored row may be placed by, this one first. */
-  def widthsMs: Seq[Long] = widthMs +: earlierWidthsMs
-}
-
-object TimeSlicing {
-  def width(spanMs: Long, slices: Int): Long = (spanMs / slices.max(1)).max(1L)
-}
-
 object StreamingLayout {
 
   /**
@@ -242,7 +228,7 @@ object StreamingLayout {
       // (Only in groups of inner joins: outer and semi joins' waiting combinations are placed by their keys, untested with slices.)
       val inner = graph.outer.isEmpty && graph.filters.isEmpty
       if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None
-      else timeSpanMs(i).map(span => TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan), Nil))
+      else timeSpanMs(i).map(span => TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan)))
     }
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>

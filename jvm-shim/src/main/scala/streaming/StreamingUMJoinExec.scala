@@ -155,7 +155,7 @@ case class StreamingUMJoinExec(
         (if (!layout.isTimeSliced(i)) Nil
         else Seq(
           StatefulOperatorCustomSumMetric(s"slicePartitionsInput$i", s"$name: partitions holding its rows (time slices)"),
-          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before the last change"),
+          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before a change a version before stretches recorded"),
           StatefulOperatorCustomSumMetric(s"sliceCombinationsInput$i", s"$name: partial combinations sent to its time slices"),
           StatefulOperatorCustomSumMetric(s"sliceProbeNanosInput$i", s"$name: time probing its time slices for them (ns)"))) ++
         (if (!graphShape.outer.contains(i)) Nil
@@ -281,7 +281,7 @@ case class StreamingUMJoinExec(
         OuterPadding(start, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
           outer.map(o => o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
-      slices = children.indices.filter(layout.isTimeSliced).map(j => j -> SliceWindow(layout.timeSlices(j).get.widthsMs, partitions, sliceBounds(j))).toMap,
+      slices = children.indices.filter(layout.isTimeSliced).map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,
       partitions = partitions,
       info = info)
     // Rows an earlier time slicing placed are counted in every batch until none is left; the next batch's planning reads the count.
@@ -290,14 +290,20 @@ case class StreamingUMJoinExec(
       StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains.put((info.operatorId, j), drain)
       j -> drain
     }.toMap
-    // What probing and shipping cost in this batch; with `auto` slices the next batch's planning reads it (SliceCount).
+    // What probing and shipping cost in this batch, and the event times stored after it; the next batch's
+    // planning reads them (with `auto` slices, the count: SliceCount; a new slicing is cut past those times).
     val sliced = children.indices.filter(layout.isTimeSliced)
+    val slicedRows = sliced.map { j =>
+      val accumulator = new SlicedRowsAccumulator
+      sparkContext.register(accumulator, s"UMJoin sliced rows' event times, operator ${info.operatorId}, input $j")
+      j -> accumulator
+    }.toMap
     val sliceCosts = Option.when(sliced.nonEmpty) {
       val measured = SliceCostMetrics(sliced.map(j => j -> longMetric(s"sliceCombinationsInput$j")).toMap,
         sliced.map(j => j -> longMetric(s"sliceProbeNanosInput$j")).toMap, longMetric("partialCombinationsShipNanos"))
       StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId, SliceCosts(info.storeVersion,
         sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
-        sliced.map(j => j -> longMetric(InputMetrics.conditionChecks(j))).toMap, longMetric("partialCombinationsShipped")))
+        sliced.map(j => j -> longMetric(InputMetrics.conditionChecks(j))).toMap, longMetric("partialCombinationsShipped"), slicedRows))
       measured
     }
     val metrics = StageMetrics(
@@ -314,6 +320,7 @@ case class StreamingUMJoinExec(
       slicePartitions = sliced.map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
       sliceDrains = sliceDrains,
       sliceCosts = sliceCosts,
+      slicedRows = slicedRows,
       static = staticLoads.keys.map { i =>
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
@@ -379,7 +386,9 @@ case class StreamingUMJoinExec(
             case _ => "static, read every batch, "
           }
           val slices = layout.timeSlices(i).fold("") { t =>
-            s", ${t.slices} time slices per window" + t.earlierWidthsMs.map(w => s", rows placed by slices of $w ms still probed there").mkString
+            // (Event times before a later stretch's start, where rows of an earlier count may be stored, are cut as they were.)
+            val earlier = t.stretches.init.map(_.widthMs) ++ t.earlierWidthsMs
+            s", ${t.slices} time slices per window" + earlier.distinct.filter(_ != t.widthMs).map(w => s", rows placed by slices of $w ms still probed there").mkString
           }
           s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i, getStateInfo.numPartitions).get}$slices" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
@@ -409,7 +418,7 @@ object StreamingUMJoinExec {
    */
   def placement(layout: StreamingLayout, graph: JoinGraph, j: Int, partitions: Int): Option[Expression] =
     layout.partitionClass(j).map(c => graph.classes(c).keyOf(j).get).map {
-      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSlices(j).get.widthMs, partitions)
+      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSlices(j).get, partitions)
       case key => key
     }
 

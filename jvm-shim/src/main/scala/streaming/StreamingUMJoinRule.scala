@@ -351,24 +351,26 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         val cores = session.sparkContext.defaultParallelism
         val firstSlices = timeSlices.getOrElse(cores).min(info.numPartitions)
         val registry = StreamingRegistry.run(info.queryRunId, session.sparkContext)
+        val measured = Option(registry.sliceCosts.get(info.operatorId))
         def slices(i: Int, current: TimeSlicing): Int = timeSlices.map(_.min(info.numPartitions)).getOrElse {
-          Option(registry.sliceCosts.get(info.operatorId)).flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { measured =>
-            val count = SliceCount.best(measured, current.slices, cores, info.numPartitions)
-            if (count != current.slices && current.earlierWidthsMs.isEmpty) {
+          measured.flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { costs =>
+            val count = SliceCount.best(costs, current.slices, cores, info.numPartitions)
+            if (count != current.slices) {
               logInfo(s"UMJoin: operator ${info.operatorId} input $i: $count time slices per window instead of ${current.slices}, " +
-                f"from micro-batch ${info.storeVersion - 1}: ${measured.testNanos}%.0f ns per stored row tested, " +
-                f"${measured.rowsPerSpan}%.1f rows per window, ${measured.sendNanos}%.0f ns per combination shipped")
+                f"from micro-batch ${info.storeVersion - 1}: ${costs.testNanos}%.0f ns per stored row tested, " +
+                f"${costs.rowsPerSpan}%.1f rows per window, ${costs.sendNanos}%.0f ns per combination shipped")
             }
             count
           }
         }
         def drained(i: Int): Boolean = Option(registry.sliceDrains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
+        def reported(i: Int): Option[SlicedRows] = measured.flatMap(_.rowsBefore(info.storeVersion, i))
         // The time slicing last recorded; a micro-batch that recorded a change (run again after a failure) keeps it.
         def continued(recorded: StreamingLayout): StreamingLayout =
           if (!recorded.timeSlices.exists(_.isDefined)) recorded
           else checkpoint.get.recordedSlicing(info.storeVersion) match {
             case Some((version, slicing)) if version == info.storeVersion => recorded.copy(timeSlices = slicing)
-            case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained)
+            case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained, reported)
           }
         checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
           val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))

@@ -35,18 +35,21 @@ final case class TimeSlice(child: Expression) extends UnaryExpression {
 
 /**
  * Where a stream's stored row is kept when its state is spread over the partitions by event time
- * (see [[StreamingLayout.timeSlices]]): its event time `child` falls in slice s (slices of
- * `widthMs` from the epoch), and slice s goes to partition s mod `partitions`, a ring, so that any
- * `partitions` consecutive slices are one in each partition. The value is a key that Spark's hash
- * partitioning (Murmur3, seed 42, into `partitions`) puts there: the smallest such key per
- * partition, found once. NULL for a NULL time.
+ * (see [[StreamingLayout.timeSlices]]): its event time `child` falls in a slice of `slicing`, and
+ * slice s goes to partition s mod `partitions`, a ring, so that any `partitions` consecutive slices
+ * are one in each partition. The value is a key that Spark's hash partitioning (Murmur3, seed 42,
+ * into `partitions`) puts there: the smallest such key per partition, found once. NULL for a NULL time.
  */
-final case class TimeSliceRing(child: Expression, widthMs: Long, partitions: Int) extends UnaryExpression {
-  require(widthMs > 0 && partitions > 0, "a time slice is at least 1 ms wide, over at least one partition")
+final case class TimeSliceRing(child: Expression, slicing: TimeSlicing, partitions: Int) extends UnaryExpression {
+  require(partitions > 0, "time slices are spread over at least one partition")
   override def dataType: DataType = LongType
   override def prettyName: String = "umjoin_time_slice_ring"
-  override def toString: String = s"$prettyName($child, $widthMs ms, $partitions partitions)"
-  override def sql: String = s"$prettyName(${child.sql}, $widthMs, $partitions)"
+  // The first stretch reaches back without end; the others start at an event time (UTC).
+  private def stretchesText = (s"${slicing.stretches.head.widthMs} ms" +: slicing.stretches.tail.map { s =>
+    s"${s.widthMs} ms from ${java.time.Instant.EPOCH.plus(s.fromMicros, java.time.temporal.ChronoUnit.MICROS)}"
+  }).mkString(", ")
+  override def toString: String = s"$prettyName($child, $stretchesText, $partitions partitions)"
+  override def sql: String = s"$prettyName(${child.sql}, '$stretchesText', $partitions)"
 
   /** Per partition, a key Spark's hash partitioning puts in it. */
   @transient private lazy val keys: Array[Long] = {
@@ -60,28 +63,34 @@ final case class TimeSliceRing(child: Expression, widthMs: Long, partitions: Int
     found
   }
 
-  override protected def nullSafeEval(time: Any): Any = keys(TimeSliceRing.partitionOf(time.asInstanceOf[Long], widthMs, partitions))
+  override protected def nullSafeEval(time: Any): Any = keys(slicing.partitionOf(time.asInstanceOf[Long], partitions))
   override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
     val table = ctx.addReferenceObj("sliceKeys", keys, "long[]")
-    defineCodeGen(ctx, ev, t => s"$table[(int) java.lang.Math.floorMod(java.lang.Math.floorDiv($t, ${widthMs * 1000L}L), ${partitions}L)]")
+    // TimeSlicing.sliceOf: the last stretch starting at or before the time, else the first one.
+    def slice(t: String, s: SliceStretch) =
+      s"(${s.firstSlice}L + java.lang.Math.floorDiv($t - ${s.fromMicros}L, ${s.widthMicros}L))"
+    defineCodeGen(ctx, ev, { t =>
+      val later = slicing.stretches.tail.reverse.map(s => s"$t >= ${s.fromMicros}L ? ${slice(t, s)} : ").mkString
+      s"$table[(int) java.lang.Math.floorMod($later${slice(t, slicing.stretches.head)}, ${partitions}L)]"
+    })
   }
   override protected def withNewChildInternal(newChild: Expression): TimeSliceRing = copy(child = newChild)
 }
 
 /**
- * Which partitions can hold the rows of a time-sliced store ([[TimeSliceRing]]: slices of the first
- * of `widthsMs` on a ring of `partitions`; rows placed by an earlier slicing, by the others) that a
- * partial combination can still join: the store's input's event time t must be within `bounds` of
- * every bound stream's, t_m - behind <= t <= t_m + ahead (the bounds the conditions put between the
- * two event times, along any chain of streams: a row outside them completes no result), so only the
- * slices that range overlaps are probed (paper 004: a probe visits the slices its window overlaps).
- * One millisecond more on each side: Spark's bounds are in milliseconds, event times in microseconds.
+ * Which partitions can hold the rows of a time-sliced store (placed by `slicing`, see
+ * [[TimeSliceRing]]; on a ring of `partitions`) that a partial combination can still join: the
+ * store's input's event time t must be within `bounds` of every bound stream's, t_m - behind <= t
+ * <= t_m + ahead (the bounds the conditions put between the two event times, along any chain of
+ * streams: a row outside them completes no result), so only the slices that range overlaps are
+ * probed (paper 004: a probe visits the slices its window overlaps). One millisecond more on each
+ * side: Spark's bounds are in milliseconds, event times in microseconds.
  */
-final case class SliceWindow(widthsMs: Seq[Long], partitions: Int, bounds: Seq[SliceWindow.Bound]) {
-  private val widthsMicros = widthsMs.map(_ * 1000L).toArray
+final case class SliceWindow(slicing: TimeSlicing, partitions: Int, bounds: Seq[SliceWindow.Bound]) {
+  private val earlierWidthsMicros = slicing.earlierWidthsMs.map(_ * 1000L).toArray
 
   /** The partition a row of event time `micros` is placed in now. */
-  def placement(micros: Long): Int = TimeSliceRing.partitionOf(micros, widthsMs.head, partitions)
+  def placement(micros: Long): Int = slicing.partitionOf(micros, partitions)
 
   /**
    * The partitions to probe for a combination whose bound streams' event times (microseconds,
@@ -98,22 +107,23 @@ final case class SliceWindow(widthsMs: Seq[Long], partitions: Int, bounds: Seq[S
       high = math.min(high, t + (bounds(i).aheadMs + 1) * 1000L)
       i += 1
     }
-    if (low > high) Iterator.empty
+    if (low == Long.MinValue || high == Long.MaxValue) Iterator.range(0, partitions)
+    else if (low > high) Iterator.empty
     else {
       val probed = new java.util.BitSet(partitions)
-      widthsMicros.foreach { width =>
-        val first = Math.floorDiv(low, width)
-        val last = Math.floorDiv(high, width)
+      def probe(first: Long, last: Long): Unit =
         if (last - first + 1 >= partitions) probed.set(0, partitions)
         else (first to last).foreach(s => probed.set(Math.floorMod(s, partitions.toLong).toInt))
-      }
+      probe(slicing.sliceOf(low), slicing.sliceOf(high))
+      earlierWidthsMicros.foreach(width => probe(Math.floorDiv(low, width), Math.floorDiv(high, width)))
       Iterator.iterate(probed.nextSetBit(0))(p => probed.nextSetBit(p + 1)).takeWhile(_ >= 0)
     }
   }
 }
 
 /**
- * What a micro-batch counted of a stream's rows placed by an earlier slicing ([[TimeSlicing]]):
+ * What a micro-batch counted of a stream's rows placed by an earlier slicing (`earlierWidthsMs` of a
+ * [[TimeSlicing]] recorded by a version before stretches):
  * the partitions that counted (`partitionsCounted`) and the rows not in the partition the current
  * slicing puts their event time in (`earlierPlaced`). Once a batch counted none in every partition,
  * the next one probes by the current slicing alone.
@@ -135,10 +145,6 @@ object SliceWindow {
 object TimeSliceRing {
   /** The seed of the Murmur3 hash Spark's HashPartitioning places rows by. */
   val HashSeed = 42
-
-  /** The partition of the slice event time `micros` falls in (the generated code of [[TimeSliceRing]] computes the same). */
-  def partitionOf(micros: Long, widthMs: Long, partitions: Int): Int =
-    Math.floorMod(Math.floorDiv(micros, widthMs * 1000L), partitions.toLong).toInt
 }
 
 object TimeSlice {
