@@ -462,7 +462,7 @@ private[streaming] final class StageTask(
           // those among them stored in this batch (a late row evicted at once is no measure of the rate rows come at).
           // The next batch's slicing is cut past the former, balanced by both's rates.
           val times = metrics.slicedRows.get(j).map { accumulator =>
-            (accumulator, GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j)))
+            (accumulator, eventTimeOf(j))
           }
           val stored = new EventTimes.Counter
           val arrived = new EventTimes.Counter
@@ -494,7 +494,7 @@ private[streaming] final class StageTask(
       // Counted before the commit: a committed RocksDB store can no longer be read in this task.
       metrics.sliceDrains.get(j).foreach { drain =>
         val window = job.slices(j)
-        val time = GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
+        val time = eventTimeOf(j)
         drain.earlierPlaced += writer.state.visibleRows().count { row =>
           val t = time(row)
           !t.isNullAt(0) && window.placement(t.getLong(0)) != partition
@@ -517,6 +517,10 @@ private[streaming] final class StageTask(
     committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriter)
     report()
   }
+
+  /** A time-sliced stream's event time, read from its stored rows. */
+  private def eventTimeOf(j: Int): UnsafeProjection =
+    GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
 
   private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
 
