@@ -297,6 +297,15 @@ def recorded_slicings(checkpoint: Path) -> dict[int, list[dict]]:  # type: ignor
     return {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in operator.glob("_umjoin_slices_*.json")}
 
 
+def write_restart_streams(directory: Path) -> None:
+    """The restart tests' streams: random rows in random micro-batches, and a micro-batch more after the one whose
+    watermark ends every window."""
+    rng = random.Random(4)
+    write_in_batches(directory, random_rows(rng), rng)
+    for n, name in enumerate(NAMES):
+        write_batches(directory / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
+
+
 def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_rows_and_puts_out_every_row_once_to_a_file_sink(
         spark: SparkSession, tmp_path: Path) -> None:
     """The query stops halfway with its rows spread over 6 slices per window and restarts with 3: once a micro-batch
@@ -305,11 +314,8 @@ def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_ro
     (keyed by the slice) put out over the same restart, each row once. The layout record is as the version before
     slice counts wrote it (the width only, a slice per partition: read as 6 slices over the 6 partitions). (With
     RocksDB and `auto`: the test after this one.)"""
-    rng = random.Random(4)
-    streams = random_rows(rng)
-    write_in_batches(tmp_path, streams, rng)
-    for n, name in enumerate(NAMES):  # (a micro-batch more, after the one whose watermark ends every window)
-        write_batches(tmp_path / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
+    write_restart_streams(tmp_path)
+
     def as_written_before(checkpoint: Path) -> None:
         for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
             layout = json.loads(record.read_text())
@@ -381,6 +387,38 @@ def test_slices_past_a_burst_are_narrower_so_each_holds_as_many_rows_and_the_ans
         steady, *past = item["timeSliceStretches"]
         assert item["timeSlices"] == 2 and past and past[-1][1] * 4 <= steady[1], item
         assert past[-1][0] > TimestampType().toInternal(burst[0][-1]), item  # (past every row stored)
+
+
+def test_a_change_of_slices_left_pending_by_the_version_before_stretches_probes_its_earlier_slices_until_none_is_left(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A checkpoint as the version before stretches left it when it stopped in the middle of a change from 6 slices
+    per window to 3 (recorded for the next micro-batch: the new width, and the width before, whose rows it still
+    probed): the restart places new rows by the new width, probes the stored rows where the width before placed
+    them, counts those rows until none is left, and puts out what Spark's joins keyed by the slice put out."""
+    write_restart_streams(tmp_path)
+
+    def as_left_mid_change(checkpoint: Path) -> None:
+        following = 1 + max(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
+        for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
+            widths = [item["timeSliceMs"] for item in json.loads(record.read_text())["inputs"]]
+            change = [{"timeSliceMs": 2 * ms, "timeSlices": 3, "earlierTimeSliceMs": [ms]} for ms in widths]
+            (record.parent / f"_umjoin_slices_{following}.json").write_text(json.dumps(change))
+
+    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+        return restarted_to_files(spark, tmp_path, name, ("6", "3"), lambda: band_query(spark, tmp_path, keyed=False), as_left_mid_change)
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "6"}):
+        on, umjoin = to_files("on")
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            off, _ = to_files("off")
+
+    assert on == off and on  # (the same rows, each as often)
+    progress = [p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]]
+    assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
+    # Once a micro-batch counted none, the slicing was recorded without the width before.
+    last = recorded_slicings(tmp_path / "ck-on")
+    assert all("earlierTimeSliceMs" not in item for item in last[max(last)]), last
+    assert "still probed there" not in executed_plan(umjoin)
 
 
 def predicted_nanos(test: float, rows: float, send: float, n: int, cores: int, partitions: int) -> float:
