@@ -297,13 +297,24 @@ def recorded_slicings(checkpoint: Path) -> dict[int, list[dict]]:  # type: ignor
     return {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in operator.glob("_umjoin_slices_*.json")}
 
 
-def write_restart_streams(directory: Path) -> None:
-    """The restart tests' streams: random rows in random micro-batches, and a micro-batch more after the one whose
-    watermark ends every window."""
+def restarted_from_6_to_3_slices(spark: SparkSession, directory: Path, between: Callable[[Path], None]) -> tuple[list[tuple], list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+    """The restart tests' run: random rows in random micro-batches (and a micro-batch more after the one whose
+    watermark ends every window), the band query to a file sink over 6 partitions, restarted from 6 slices per window
+    to 3 with `between` given the checkpoint; with UMJoin and with Spark's joins keyed by the slice. Both sinks' rows,
+    and UMJoin's query as restarted."""
     rng = random.Random(4)
     write_in_batches(directory, random_rows(rng), rng)
     for n, name in enumerate(NAMES):
         write_batches(directory / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
+
+    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+        return restarted_to_files(spark, directory, name, ("6", "3"), lambda: band_query(spark, directory, keyed=False), between)
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "6"}):
+        on, umjoin = to_files("on")
+        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
+            off, _ = to_files("off")
+    return on, off, umjoin
 
 
 def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_rows_and_puts_out_every_row_once_to_a_file_sink(
@@ -314,8 +325,6 @@ def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_ro
     (keyed by the slice) put out over the same restart, each row once. The layout record is as the version before
     slice counts wrote it (the width only, a slice per partition: read as 6 slices over the 6 partitions). (With
     RocksDB and `auto`: the test after this one.)"""
-    write_restart_streams(tmp_path)
-
     def as_written_before(checkpoint: Path) -> None:
         for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
             layout = json.loads(record.read_text())
@@ -324,14 +333,7 @@ def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_ro
             record.write_text(json.dumps(layout))
             (record.parent / f".{record.name}.crc").unlink()  # (Hadoop's checksum of the file as it was)
 
-    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
-        return restarted_to_files(spark, tmp_path, name, ("6", "3"), lambda: band_query(spark, tmp_path, keyed=False), as_written_before)
-
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "6"}):
-        on, umjoin = to_files("on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = to_files("off")
-
+    on, off, umjoin = restarted_from_6_to_3_slices(spark, tmp_path, as_written_before)
     assert on == off and on  # (the same rows, each as often)
     operator = next((tmp_path / "ck-on" / "state").glob("*/_umjoin_layout.json")).parent
     started = [item.get("timeSlices") for item in json.loads((operator / "_umjoin_layout.json").read_text())["inputs"]]
@@ -395,8 +397,6 @@ def test_a_change_of_slices_left_pending_by_the_version_before_stretches_probes_
     per window to 3 (recorded for the next micro-batch: the new width, and the width before, whose rows it still
     probed): the restart places new rows by the new width, probes the stored rows where the width before placed
     them, counts those rows until none is left, and puts out what Spark's joins keyed by the slice put out."""
-    write_restart_streams(tmp_path)
-
     def as_left_mid_change(checkpoint: Path) -> None:
         following = 1 + max(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
         for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
@@ -404,14 +404,7 @@ def test_a_change_of_slices_left_pending_by_the_version_before_stretches_probes_
             change = [{"timeSliceMs": 2 * ms, "timeSlices": 3, "earlierTimeSliceMs": [ms]} for ms in widths]
             (record.parent / f"_umjoin_slices_{following}.json").write_text(json.dumps(change))
 
-    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
-        return restarted_to_files(spark, tmp_path, name, ("6", "3"), lambda: band_query(spark, tmp_path, keyed=False), as_left_mid_change)
-
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "6"}):
-        on, umjoin = to_files("on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = to_files("off")
-
+    on, off, umjoin = restarted_from_6_to_3_slices(spark, tmp_path, as_left_mid_change)
     assert on == off and on  # (the same rows, each as often)
     progress = [p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]]
     assert progress[0]["earlierSliceRowsInput0"] > 0 and progress[-1]["earlierSliceRowsInput0"] == 0, progress
