@@ -7,7 +7,9 @@ task). Everything binds to 127.0.0.1 (SPARK_LOCAL_IP, set by the test). Usage:
 
     python tests/cluster_job.py <job> <scratch directory>
 
-prints one JSON line with what the job observed; the test asserts on it.
+prints one JSON line with what the job observed; the test asserts on it. The job `all` runs the
+others one after another in one application (each cluster start costs about 15 s): the TPC-H
+answers, the streaming restart, and last the killed executor.
 """
 
 from __future__ import annotations
@@ -86,9 +88,8 @@ def _executor_pids(spark: SparkSession) -> list[int]:
     return pids
 
 
-def tpch_answers(scratch: Path) -> dict[str, Any]:
+def tpch_answers(spark: SparkSession, scratch: Path) -> dict[str, Any]:
     """The TPC-H queries with a UMJoin at SF 0.01, a quarter of them in each setting, against the official answers."""
-    spark = cluster_session(scratch)
     tpch.register(spark, tpch.generate(TPCH_SF))
     outcome: dict[str, Any] = {"executor_pids": len(_executor_pids(spark))}
     for name, settings in TPCH_SETTINGS.items():
@@ -110,14 +111,13 @@ def tpch_answers(scratch: Path) -> dict[str, Any]:
         for key in settings:
             spark.conf.unset(key)
     # RocksDB stores went under the directories the workers gave the executors (the application's).
-    outcome["store_roots"] = sorted(str(p.relative_to(scratch)) for p in (scratch / "local").rglob("umjoin-stores"))
-    spark.stop()
+    local = Path(spark.sparkContext.getConf().get("spark.local.dir"))
+    outcome["store_roots"] = sorted(str(p.relative_to(local)) for p in local.rglob("umjoin-stores"))
     return outcome
 
 
-def streaming_restart(scratch: Path) -> dict[str, Any]:
+def streaming_restart(spark: SparkSession, scratch: Path) -> dict[str, Any]:
     """A chain of three streams over two keys (routes between partitions), stopped mid-stream and restarted."""
-    spark = cluster_session(scratch)
     for key, value in ROCKSDB.items():
         spark.conf.set(key, value)
     columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
@@ -145,15 +145,15 @@ def streaming_restart(scratch: Path) -> dict[str, Any]:
     written = sorted_rows(spark.read.parquet(str(scratch / "out")))
     spark.conf.set("spark.umjoin.enabled", "false")
     expected = sorted_rows(chain({n: spark.read.parquet(str(scratch / n)) for n in "xyz"}))
-    spark.stop()
+    for key in [*ROCKSDB, "spark.umjoin.enabled"]:
+        spark.conf.unset(key)
     return {"stopped_after_batch": stopped_after, "streaming_umjoins": plan.count("StreamingUMJoin inputs="),
             "spark_joins": plan.count("StreamingSymmetricHashJoin"), "written": len(written), "expected": len(expected),
             "same": written == expected}
 
 
-def killed_executor(scratch: Path) -> dict[str, Any]:
+def killed_executor(spark: SparkSession, scratch: Path) -> dict[str, Any]:
     """A UMJoin query whose executor holding a RocksDB store is killed (SIGKILL) while it probes."""
-    spark = cluster_session(scratch)
     import duckdb
 
     con = duckdb.connect()
@@ -187,13 +187,25 @@ def killed_executor(scratch: Path) -> dict[str, Any]:
     killer.join()
     left_after_query = sorted(p.name for p in stores.iterdir()) if stores.is_dir() else []
     is_umjoin = len(plans.umjoin_nodes(plans.physical_plan(df))) == 1
-    spark.stop()
     return {"killed": killed, "killed_still_running": any(Path(f"/proc/{pid}").exists() for pid in killed),
             "rows": rows, "umjoin": is_umjoin, "stores_left": left_after_query}
 
 
-JOBS: dict[str, Callable[[Path], dict[str, Any]]] = {
+#: In the order `all` runs them: the killed executor last (the cluster then runs on the one left and a replacement).
+JOBS: dict[str, Callable[[SparkSession, Path], dict[str, Any]]] = {
     "tpch-answers": tpch_answers, "streaming-restart": streaming_restart, "killed-executor": killed_executor}
 
+
+def run(names: list[str], scratch: Path) -> dict[str, Any]:
+    """The jobs in one application, each in a directory of its own under `scratch`; their outcomes by name."""
+    spark = cluster_session(scratch)
+    outcomes = {}
+    for name in names:
+        (scratch / name).mkdir()
+        outcomes[name] = JOBS[name](spark, scratch / name)
+    spark.stop()
+    return outcomes
+
+
 if __name__ == "__main__":
-    print(json.dumps(JOBS[sys.argv[1]](Path(sys.argv[2]))))
+    print(json.dumps(run(list(JOBS) if sys.argv[1] == "all" else [sys.argv[1]], Path(sys.argv[2]))))

@@ -256,3 +256,44 @@ def test_a_semi_joins_first_match_batches_after_its_row_comes_out_then_through_t
     assert plan.count("StreamingUMJoin inputs=") == 1 and "left semi: unmatched combinations wait for it" in plan, plan
     assert sorted((row[0], batches) for row, batches in on.items()) == [(1, [3]), (2, [0]), (9, [1])], on  # (the far rows match each other)
     assert on == off
+
+
+def padded_by_two_streams_query(spark: SparkSession, directory: Path, shape: str) -> DataFrame:
+    """Two LEFT joins whose preserved sides are evicted by different streams' event times: x's for z1
+    (z1_ts within 5 minutes of x_ts), y's for z2. "chain": x LEFT z1, then JOIN y, x_ts's watermark
+    dropped, then LEFT z2 on y; "bushy": (x LEFT z1) JOIN (y LEFT z2), each side keeping its own time."""
+    def watermarked(name: str) -> DataFrame:
+        return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
+
+    def near(a: str, b: str):  # type: ignore[no-untyped-def]
+        return F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))
+
+    x = watermarked("x").join(watermarked("z1"), (F.col("x_k") == F.col("z1_k")) & near("z1_ts", "x_ts"), "left_outer").withMetadata("z1_ts", {})
+    y = watermarked("y")
+    if shape == "bushy":
+        y = y.join(watermarked("z2"), (F.col("y_j") == F.col("z2_j")) & near("z2_ts", "y_ts"), "left_outer").withMetadata("z2_ts", {})
+    df = x.join(y, (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts"))
+    if shape == "chain":
+        df = df.withMetadata("x_ts", {}).join(watermarked("z2"), (F.col("y_j") == F.col("z2_j")) & near("z2_ts", "y_ts"), "left_outer")
+    return df
+
+
+@pytest.mark.parametrize(("shape", "seed"), [("chain", 50), ("bushy", 52)])
+def test_outer_joins_padded_by_different_streams_event_times_run_in_one_streaming_umjoin_like_sparks_joins(
+        spark: SparkSession, tmp_path: Path, shape: str, seed: int) -> None:
+    """z1's padding is due when x's time is ruled out, z2's when y's is: the StreamingUMJoin rescans each of the two
+    streams' stored rows for the combinations it pads, each put out once, in the micro-batch Spark's joins put it out."""
+    random_streams(tmp_path, ["x", "y", "z1", "z2"], random.Random(seed), minutes=30, most_cuts=4)
+    settings = ROCKSDB if shape == "bushy" else {}
+    umjoin, on, off = run_both(spark, tmp_path, lambda: padded_by_two_streams_query(spark, tmp_path, shape), settings,
+                               restart=["x", "y", "z1", "z2"] if shape == "chain" else None)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert plan.count("padded with NULLs once the watermark rules out a match") == 2, plan
+    assert on == off
+    names = padded_by_two_streams_query(spark, tmp_path, shape).columns
+    z1, z2 = names.index("z1_v"), names.index("z2_v")
+    for padded in (z1, z2):  # each join pads some rows, and not every row
+        assert any(row[padded] is None and row[names.index("x_v")] < 1000 for row in on), (padded, on)
+        assert any(row[padded] is not None for row in on), (padded, on)

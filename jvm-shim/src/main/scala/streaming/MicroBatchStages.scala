@@ -68,16 +68,26 @@ final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondit
  * first batch in which that join's state watermark ruled out a later match, whichever is latest,
  * as Spark's chain of outer joins puts it out. Conditions are over the columns of the preserved
  * inputs (`now(o)` and `before(o)`: outer input o's join rules it out in this batch, and did in the
- * one before; Spark's state watermark predicate of the join's preserved side, which reads `start`
- * only); `padded(o)`: a result row's columns of o are NULLs. Combinations none of whose rows is new
- * come out by the rescan of `start`'s stored rows: see [[StageTask]].
+ * one before; Spark's state watermark predicate of the join's preserved side, which reads stream
+ * `starts(o)` only); `padded(o)`: a result row's columns of o are NULLs. Combinations none of whose
+ * rows is new come out by the rescan of each start's stored rows: see [[StageTask]].
  */
-final case class OuterPadding(start: Int, now: Map[Int, Expression], before: Map[Int, Expression], padded: Map[Int, Expression]) {
-  /** A stored row of `start` some join rules out now, not before: its combinations may be due. */
+final case class OuterPadding(starts: Map[Int, Int], now: Map[Int, Expression], before: Map[Int, Expression], padded: Map[Int, Expression]) {
+  /** The streams whose stored rows are rescanned, in the order their rescans claim a combination due by several. */
+  val rescanStarts: Seq[Int] = starts.values.toSeq.distinct.sorted
+
+  private def joinsOf(start: Int): Seq[Int] = starts.keys.toSeq.sorted.filter(starts(_) == start)
+  /** A stored row of `starts(o)` that o's join rules out now, not before: its combinations may be due. */
   def newly(o: Int): Expression = And(now(o), Not(before(o)))
-  def rescanned: Expression = now.keys.toSeq.sorted.map(newly).reduce(Or)
-  /** A complete combination the rescan puts out: padded for some input whose join ruled it out just now. */
-  def due: Expression = now.keys.toSeq.sorted.map(o => And(padded(o), newly(o))).reduce(Or)
+  /** A stored row of `start` some join evicted by its event time rules out just now. */
+  def rescanned(start: Int): Expression = joinsOf(start).map(newly).reduce(Or)
+  private def dueBy(start: Int): Expression = joinsOf(start).map(o => And(padded(o), newly(o))).reduce(Or)
+  /**
+   * A complete combination the rescan of `start` puts out: padded for some input whose join ruled
+   * it out just now by `start`'s time, and by none an earlier start's rescan answers for (it puts it out once).
+   */
+  def due(start: Int): Expression =
+    rescanStarts.takeWhile(_ != start).map(dueBy).foldLeft(dueBy(start))((due, earlier) => And(due, Not(earlier)))
 }
 
 /** The metrics of a stored static table. */
@@ -117,7 +127,7 @@ final case class MicroBatchJob(
 
   /**
    * The route a shipped row's tag continues: a stream's new rows' route, or the rescan of
-   * `padding.start`'s stored rows (tag `kinds.size + start`), which takes the same steps.
+   * a padding start's stored rows (tag `kinds.size + start`), which takes the same steps.
    */
   def planOf(tag: Int): Route.Plan = routes(if (isRescan(tag)) tag - kinds.size else tag)
   def isRescan(tag: Int): Boolean = tag >= kinds.size
@@ -271,7 +281,7 @@ private[streaming] final class StageTask(
     // An outer step pads where no row of its input there is matches: the route binds the stored ones (and the new ones, where
     // it sees them), so the new ones are checked where it does not.
     val padding = job.padding.map(p => StreamPadding((input, index) => if (seesNewRows(tag, input)) null else inMemory(input, index),
-      p.now.get, Option.when(rescan)(p.rescanned), Option.when(rescan)(p.due)))
+      p.now.get, Option.when(rescan)(p.rescanned(tag - job.kinds.size)), Option.when(rescan)(p.due(tag - job.kinds.size))))
     val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
       (input, index) => storeFor(tag, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
         val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
@@ -290,11 +300,11 @@ private[streaming] final class StageTask(
         val (segment, core) = coreOf(start)
         label(start, core.join(fresh(start, None)), segment)
       }
-      // The combinations of stored rows only that become due padded now: rescanned from the stored rows of the stream the joins' watermarks read.
-      val rescans = job.padding.iterator.flatMap { p =>
-        val tag = job.kinds.size + p.start
+      // The combinations of stored rows only that become due padded now: rescanned from the stored rows of the streams the joins' watermarks read.
+      val rescans = job.padding.iterator.flatMap(_.rescanStarts).flatMap { start =>
+        val tag = job.kinds.size + start
         val (segment, core) = coreOf(tag)
-        label(tag, core.join(stateOf(p.start).visibleRows()), segment)
+        label(tag, core.join(stateOf(start).visibleRows()), segment)
       }
       routes ++ rescans
     } else {

@@ -43,8 +43,8 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * OUTER with its sides swapped; a chain of them, each matching one stream by the preserved
  * inputs): their streams are probed last, by their ON clauses; a combination no row of one
  * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
- * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of
- * `paddingStart`, whose stored rows are kept until every join padded them). And one LEFT SEMI join
+ * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of its
+ * `paddingStarts` stream, whose stored rows are kept until its join padded them). And one LEFT SEMI join
  * anywhere: its stream is probed last, and a new combination no stored row of it matches waits in a
  * store of its own, partitioned as that stream's store, until a later row matches it (it comes out
  * once, then) or `unmatchable` says no later row can (it is dropped). With an adaptive
@@ -69,7 +69,7 @@ case class StreamingUMJoinExec(
     graphShape: GraphShape,
     graphExpressions: Seq[Expression],
     unmatchable: Option[Expression],
-    paddingStart: Option[Int],
+    paddingStarts: Seq[Option[Int]],
     paddedNow: Seq[Option[Expression]],
     paddedBefore: Seq[Option[Expression]],
     layout: StreamingLayout,
@@ -182,7 +182,7 @@ case class StreamingUMJoinExec(
 
   /** A batch with no new rows still runs when the watermark moved past what the state holds, or what waits to be padded. */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
-    (evictable.exists(_.isDefined) || paddingStart.isDefined) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+    (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
 
   /**
    * The memory and provider metrics of an input's index stores count as the operator's; their
@@ -275,10 +275,10 @@ case class StreamingUMJoinExec(
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
       unmatched = unmatchedState(graph, outputs),
-      padding = paddingStart.map { start =>
+      padding = Option.when(paddingStarts.exists(_.isDefined)) {
         val outer = graphShape.outer.keys.toSeq
         // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
-        OuterPadding(start, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
+        OuterPadding(outer.map(o => o -> paddingStarts(o).get).toMap, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
           outer.map(o => o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
       slices = children.indices.filter(layout.isTimeSliced).map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,

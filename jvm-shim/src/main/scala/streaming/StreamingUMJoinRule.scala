@@ -55,9 +55,10 @@ final case class StreamingGroupPlan(
 /**
  * When the group's outer joins pad a combination (see [[OuterPadding]]): per outer input, the
  * condition under which its join's state watermark rules out a later match, in this micro-batch
- * (`now`) and in the one before (`before`), over the columns of stream `start`.
+ * (`now`) and in the one before (`before`), over the columns of stream `starts(o)`, the one whose
+ * event time that watermark reads.
  */
-final case class PaddingPlan(start: Int, now: Map[Int, Expression], before: Map[Int, Expression])
+final case class PaddingPlan(starts: Map[Int, Int], now: Map[Int, Expression], before: Map[Int, Expression])
 
 /**
  * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
@@ -323,8 +324,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
                 // A stored row also stays until every combination it is in was padded where due (see OuterPadding).
                 val padded = padding.toOption.flatten.map { p =>
                   outerJoins.map { case (j, o) =>
-                    if (i == p.start) Some(p.now(o))
-                    else StreamingWatermarks.paddedBefore(i, p.start, outputs, distances, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
+                    if (i == p.starts(o)) Some(p.now(o))
+                    else StreamingWatermarks.paddedBefore(i, p.starts(o), outputs, distances, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
                   }
                 }
                 (StreamingWatermarks.evictableRows(i, outputs, graph.classes, distances, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
@@ -434,8 +435,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * When the group's outer joins pad (see [[OuterPadding]]), or why that cannot be told as Spark
    * tells it: each join's preserved side is evicted from its state, unmatched rows put out with
-   * NULLs, by a watermark predicate on that side's event-time column (Spark's value predicate), the
-   * same stream's column for every join, and a row failing the ON clause's conditions on the
+   * NULLs, by a watermark predicate on that side's event-time column (Spark's value predicate): one
+   * stream's column, a stream no outer join pads (joins may read different streams' columns); and a row failing the ON clause's conditions on the
    * preserved side alone is put out so at once. Each ON clause reads the group's inner inputs and its own stream.
    */
   private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamingSymmetricHashJoinExec, Int)], outputs: Seq[Seq[Attribute]],
@@ -465,13 +466,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         }
         if (starts.size != 1 || onlyPreserved.exists(c => !inputsOf(c).subsetOf(starts)))
           Left(s"the preserved side of its ${describe(j)} is evicted by a condition over several streams (a streaming UMJoin pads by one stream's rows)")
+        else if (outerInputs.contains(starts.head))
+          Left(s"the preserved side of its ${describe(j)} is evicted by the event time of a stream another outer join pads with NULLs")
         else Right((o, starts.head, due(j.eventTimeWatermarkForEviction), due(j.eventTimeWatermarkForLateEvents)))
       }
     }
     found.collectFirst { case Left(reason) => reason }.map(Left(_)).getOrElse {
       val pads = found.flatMap(_.toOption)
-      if (pads.map(_._2).distinct.size > 1) Left("its outer joins' preserved sides are evicted by the event times of different streams (a streaming UMJoin pads by one stream's rows)")
-      else Right(Some(PaddingPlan(pads.head._2, pads.map(p => p._1 -> p._3).toMap, pads.map(p => p._1 -> p._4).toMap)))
+      Right(Some(PaddingPlan(pads.map(p => p._1 -> p._2).toMap, pads.map(p => p._1 -> p._3).toMap, pads.map(p => p._1 -> p._4).toMap)))
     }
   }
 
@@ -597,7 +599,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       graphShape = graphShape,
       graphExpressions = graphExpressions,
       unmatchable = plan.unmatchable,
-      paddingStart = plan.padding.map(_.start),
+      paddingStarts = converted.indices.map(i => plan.padding.flatMap(_.starts.get(i))),
       paddedNow = converted.indices.map(i => plan.padding.flatMap(_.now.get(i))),
       paddedBefore = converted.indices.map(i => plan.padding.flatMap(_.before.get(i))),
       layout = layout,
