@@ -291,6 +291,7 @@ def test_outer_joins_padded_by_different_streams_event_times_run_in_one_streamin
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
     assert plan.count("padded with NULLs once the watermark rules out a match") == 2, plan
+    assert len(set(re.findall(r"rules out a match \(by #(\d+)'s event time\)", plan))) == 2, plan  # x's and y's
     assert on == off
     names = padded_by_two_streams_query(spark, tmp_path, shape).columns
     z1, z2 = names.index("z1_v"), names.index("z2_v")

@@ -379,7 +379,8 @@ case class StreamingUMJoinExec(
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
           val static = kind match {
-            case InputKind.Stream if graphShape.outer.contains(i) => "left outer: padded with NULLs once the watermark rules out a match, "
+            case InputKind.Stream if graphShape.outer.contains(i) =>
+              s"left outer: padded with NULLs once the watermark rules out a match (by #${paddingStarts(i).get}'s event time), "
             case InputKind.Stream if graphShape.filters.contains(i) => "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
