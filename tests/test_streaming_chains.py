@@ -49,33 +49,42 @@ def random_streams(directory: Path, names: list[str], rng: random.Random, minute
         write_batches(directory / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
 
 
-def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int] = frozenset()) -> DataFrame:
+def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int] = frozenset(),
+                y_after: int = 0) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
     or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k", "j", or "kj": both)
     and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and the value of the inner side
     joined before it, or y's). Each zi_ts loses its watermark after its join: Spark's joins above
     take one event-time column per side. Side i in `trees` is a join tree: zi joined inner with a stream ui
-    on zi_j and ui_ts within 5 minutes of zi_ts, before its join with x."""
+    on zi_j and ui_ts within 5 minutes of zi_ts, before its join with x. With `y_after` n > 0, y is joined
+    after the first n sides, and x_ts loses its watermark there: the sides after it are timed by y_ts
+    (their outer joins padded when the watermark passes y's time, those before by x's)."""
     def watermarked(name: str) -> DataFrame:
         return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
 
     def near(a: str, b: str):  # type: ignore[no-untyped-def]
         return F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))
 
-    df = watermarked("x")
-    if with_y:
-        df = df.join(watermarked("y"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
+    def join_y(df: DataFrame) -> DataFrame:
+        df = df.join(watermarked("y"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts"))
+        return df.withMetadata("x_ts", {}) if y_after else df.drop("y_ts")
+
+    df = join_y(watermarked("x")) if with_y and not y_after else watermarked("x")
+    time = "x_ts"
     for i, (how, key) in enumerate(sides, start=1):
+        if with_y and y_after and i == y_after + 1:
+            df, time = join_y(df), "y_ts"
         z = watermarked(f"z{i}")
         if i in trees:
             z = z.join(watermarked(f"u{i}"), (F.col(f"z{i}_j") == F.col(f"u{i}_j")) & near(f"u{i}_ts", f"z{i}_ts")).drop(f"u{i}_ts")
-        on = near(f"z{i}_ts", "x_ts")
+        on = near(f"z{i}_ts", time)
         for column in ("k", "j") if key == "kj" else (key,):
             on = (F.col(f"x_{column}") == F.col(f"z{i}_{column}")) & on
         if how == "semi":
             # Reading the side joined before keeps Spark's optimizer from pushing the semi join down to x (not an
             # outer join's side: a semi join's condition reading padded columns stays Spark's).
-            before = f"z{i - 1}_v" if i > 1 and sides[i - 2][0] == "inner" else "y_v" if with_y else None
+            y_joined = with_y and (not y_after or i > y_after)
+            before = f"z{i - 1}_v" if i > 1 and sides[i - 2][0] == "inner" else "y_v" if y_joined else None
             df = df.join(z, on & (F.col(f"z{i}_v") + F.col(before) > 60) if before else on, "left_semi")
             continue
         df = {"left": lambda: df.join(z, on, "left_outer"), "right": lambda: z.join(df, on, "right_outer"), "inner": lambda: df.join(z, on)}[how]()
@@ -101,16 +110,19 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
     return umjoin, on, off
 
 
-def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int]]:
+def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int], int]:
     """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed; whether y is joined;
-    and the sides that are join trees (about one in three)."""
+    the sides that are join trees (about one in three); and, where y is joined, after how many sides (0: first;
+    the sides after it timed by y's event time, so outer joins are padded by two streams' times)."""
     rng = random.Random(seed)
     sides = [(rng.choice(["left", "left", "right", "inner"]), rng.choice(["k", "k", "j"])) for _ in range(rng.randint(2, 4))]
     if seed % 2:
         sides[rng.randrange(len(sides))] = ("semi", rng.choice(["k", "k", "j"]))
     with_y = rng.random() < 0.5
-    of_trees = random.Random(300 + seed)  # (a generator of its own: the sides drawn above stay what they were)
-    return sides, with_y, frozenset(i for i in range(1, len(sides) + 1) if of_trees.random() < 0.35)
+    of_trees = random.Random(300 + seed)  # (generators of their own: the sides drawn above stay what they were)
+    trees = frozenset(i for i in range(1, len(sides) + 1) if of_trees.random() < 0.35)
+    of_y = random.Random(600 + seed)
+    return sides, with_y, trees, of_y.randint(1, len(sides) - 1) if with_y and of_y.random() < 0.6 else 0
 
 
 # (Seed 4, a RIGHT and an INNER side with y and a join tree, left out for the suite's time: seeds 0 and 5 have those.)
@@ -119,9 +131,9 @@ CHAIN_SEEDS = (0, 1, 2, 3, 5)
 
 def test_the_random_chains_mix_every_join_type() -> None:
     drawn = [random_chain(seed) for seed in CHAIN_SEEDS]
-    chains = [sides for sides, _, _ in drawn]
+    chains = [sides for sides, _, _, _ in drawn]
     kinds = [{how for how, _ in sides} for sides in chains]
-    tree_sides = {sides[i - 1][0] for sides, _, trees in drawn for i in trees}
+    tree_sides = {sides[i - 1][0] for sides, _, trees, _ in drawn for i in trees}
     assert {"left", "right", "semi"} <= tree_sides  # a join tree on the non-preserved side of each
     assert any("semi" in k and {"left", "right"} & k for k in kinds)  # a semi join beside outer ones
     assert any("semi" not in k and {"left", "right"} & k for k in kinds)
@@ -129,18 +141,21 @@ def test_the_random_chains_mix_every_join_type() -> None:
     assert any(len(sides) >= 4 for sides in chains)
     restarted = [k for seed, k in zip(CHAIN_SEEDS, kinds) if seed % 3 == 2]
     assert any("semi" in k and {"left", "right"} & k for k in restarted) and any("semi" not in k for k in restarted)
+    # outer joins padded by x's time and by y's in one chain
+    assert any(y_after and {"left", "right"} & {how for how, _ in sides[:y_after]} and {"left", "right"} & {how for how, _ in sides[y_after:]}
+               for sides, _, _, y_after in drawn)
 
 
 @pytest.mark.parametrize("seed", CHAIN_SEEDS)
 def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
         spark: SparkSession, tmp_path: Path, seed: int) -> None:
-    sides, with_y, trees = random_chain(seed)
+    sides, with_y, trees, y_after = random_chain(seed)
     names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1)), *(f"u{i}" for i in sorted(trees))]
     random_streams(tmp_path, names, random.Random(seed))
     # (Two inputs are enough for a group: a join tree on an outer or semi join's non-preserved side runs as a StreamingUMJoin of its own.)
     settings = {**(ROCKSDB if seed % 4 in (1, 2) else {}), "spark.umjoin.minInputs": "2"}
     restart = names if seed % 3 == 2 else None  # stopped halfway, with combinations waiting to be padded or matched
-    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y, trees), settings, restart)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y, trees, y_after), settings, restart)
 
     plan = executed_plan(umjoin)
     # Each join tree on a non-preserved side is cut off, its output one input of the group above; an inner side's is in the group.
@@ -148,8 +163,11 @@ def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_mic
     assert plan.count("StreamingUMJoin inputs=") == 1 + cut_off and "StreamingSymmetricHashJoin" not in plan, (sides, trees, plan)
     assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how in ("left", "right") for how, _ in sides), plan
     assert plan.count("left semi: unmatched combinations wait for it") == sum(how == "semi" for how, _ in sides), plan
+    outer_before_y, outer_after_y = ({how for how, _ in part} & {"left", "right"} for part in (sides[:y_after], sides[y_after:]))
+    if y_after and outer_before_y and outer_after_y:  # padded by x's time and by y's, each stream's rows rescanned
+        assert len(set(re.findall(r"rules out a match \(by #(\d+)'s event time\)", plan))) == 2, plan
     assert on == off, (sides, with_y)  # the same rows, each put out in the same micro-batch as many times
-    names_out = chain_query(spark, tmp_path, sides, with_y, trees).columns
+    names_out = chain_query(spark, tmp_path, sides, with_y, trees, y_after).columns
     for i in trees:  # each join tree on a padded side matched through both its streams somewhere
         assert sides[i - 1][0] not in ("left", "right") or any(row[names_out.index(f"u{i}_v")] is not None for row in on), (i, sides)
     padded_somewhere = [row for row in on if None in row]
