@@ -316,3 +316,59 @@ def test_outer_joins_padded_by_different_streams_event_times_run_in_one_streamin
     for padded in (z1, z2):  # each join pads some rows, and not every row
         assert any(row[padded] is None and row[names.index("x_v")] < 1000 for row in on), (padded, on)
         assert any(row[padded] is not None for row in on), (padded, on)
+
+
+def anti_query(spark: SparkSession, directory: Path, position: str, by_hand: bool) -> DataFrame:
+    """x LEFT ANTI z (z on x_k, z_ts within 5 minutes of x_ts), joined inner with y on x_k: above the anti join
+    ("below": (x ANTI z) JOIN y) or below it ("top": (x JOIN y) ANTI z). `by_hand`: the anti join written as Spark
+    runs it between streams, a left outer join keeping the rows padded with NULLs, x's (and y's) columns."""
+    def watermarked(name: str) -> DataFrame:
+        return stream(spark, directory / name, columns(name)).withWatermark(f"{name}_ts", DELAY)
+
+    def near(a: str, b: str):  # type: ignore[no-untyped-def]
+        return F.col(a).between(F.col(b) - F.expr("interval 5 minutes"), F.col(b) + F.expr("interval 5 minutes"))
+
+    def anti(df: DataFrame) -> DataFrame:
+        on = (F.col("x_k") == F.col("z_k")) & near("z_ts", "x_ts")
+        if not by_hand:
+            return df.join(watermarked("z"), on, "left_anti")
+        return df.join(watermarked("z"), on, "left_outer").where(F.col("z_k").isNull()).select(*df.columns)
+
+    def with_y(df: DataFrame) -> DataFrame:
+        return df.join(watermarked("y"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts")).drop("y_ts")
+
+    return with_y(anti(watermarked("x"))) if position == "below" else anti(with_y(watermarked("x")))
+
+
+@pytest.mark.parametrize(("position", "seed"), [("top", 60), ("below", 61)])
+def test_a_left_anti_join_of_two_streams_runs_as_the_left_outer_join_keeping_its_padded_rows(
+        spark: SparkSession, tmp_path: Path, position: str, seed: int) -> None:
+    """Spark refuses a left anti join of two streams; with UMJoin it puts out each unmatched row once, in the
+    micro-batch Spark's left outer join pads it (compared with that join written by hand, batch by batch); on top
+    of a group, inside the StreamingUMJoin. Every row it puts out has no z row within its time range."""
+    random_streams(tmp_path, ["x", "y", "z"], random.Random(seed), minutes=30, most_cuts=4)
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on", tmp_path / "out-on")
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off", tmp_path / "out-off")
+            with pytest.raises(Exception, match="LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"):
+                run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-spark", tmp_path / "out-spark")
+
+    plan = executed_plan(umjoin)
+    if position == "top":
+        assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert on == off
+    names = anti_query(spark, tmp_path, position, False).columns
+    z = [(r["z_k"], r["z_ts"]) for r in spark.read.parquet(str(tmp_path / "z")).collect()]
+    window = datetime.timedelta(minutes=5)
+    real = [row for row in on if row[names.index("x_v")] < 1000]  # (not the far-future rows that end the streams)
+    assert real and all(not any(k == row[names.index("x_k")] and abs(ts - row[names.index("x_ts")]) <= window for k, ts in z)
+                        for row in real), real
+
+
+def test_a_left_anti_join_of_two_streams_without_a_time_bound_is_refused_saying_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:
+    random_streams(tmp_path, ["x", "z"], random.Random(62), minutes=10, most_cuts=2)
+    x = stream(spark, tmp_path / "x", columns("x")).withWatermark("x_ts", DELAY)
+    z = stream(spark, tmp_path / "z", columns("z")).withWatermark("z_ts", DELAY)
+    with pytest.raises(Exception, match="UMJoin cannot run the LEFT ANTI join of two streams ON .*no watermark in its join keys"):
+        x.join(z, F.col("x_k") == F.col("z_k"), "left_anti").schema

@@ -8,7 +8,7 @@ import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
 import umjoin.spark.batch.{BatchUMJoinStrategy, BroadcastStageInputs}
 import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, PhysicalPatterns}
-import umjoin.spark.streaming.{StreamingUMJoinRule, WholeMicroBatchStrategy, WindowJoinSlices}
+import umjoin.spark.streaming.{StreamAntiJoins, StreamingUMJoinRule, WholeMicroBatchStrategy, WindowJoinSlices}
 
 /**
  * Registers UMJoin with a Spark session: `spark.sql.extensions=umjoin.spark.UMJoinExtensions`
@@ -27,6 +27,8 @@ class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
     extensions.injectQueryPostPlannerStrategyRule(_ => BroadcastStageInputs)
     // Keeps micro-batches that may store static tables whole under AQE, for the streaming hook.
     extensions.injectPlannerStrategy(session => new WholeMicroBatchStrategy(session))
+    // Left anti joins of two streams, as left outer joins keeping the padded rows, before Spark checks the streaming plan.
+    extensions.injectPostHocResolutionRule(_ => StreamAntiJoins)
     // Stream-stream joins without an equi-join key, keyed by time slice before Spark plans them.
     extensions.injectPreCBORule(_ => WindowJoinSlices)
     // The streaming hook runs on prepared physical plans, where stream-stream joins have their state.
