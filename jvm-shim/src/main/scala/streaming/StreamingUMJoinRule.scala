@@ -404,8 +404,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /**
    * The group's semi join and its outer joins, each with the index of its non-preserved input, or
-   * why the group cannot run them: at most one semi join, and outer joins, anywhere in the group (the joins
-   * and filters above an outer join read its padded columns nowhere: [[nonInnerJoinRefusal]]; nothing
+   * why the group cannot run them: at most one semi join, and outer joins, anywhere in the group (no join
+   * above an outer join is on its padded columns, filters may read them: [[nonInnerJoinRefusal]]; nothing
    * above a semi join reads its non-preserved side, whose columns it does not put out); each join's
    * non-preserved side one streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
    */
@@ -487,12 +487,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * Why the outer or semi join of non-preserved input `o` cannot run in a streaming UMJoin, if it
    * cannot: its combinations wait for a match in `o`'s partition, found by one key, and checked by
-   * the join's own condition alone.
+   * the join's own condition alone. (A filter above an outer join reading its padded side, such as
+   * the `IS NULL` of a left anti join ([[StreamAntiJoins]]), is checked after the step decides
+   * between a match and NULLs: it drops combinations and decides no match.)
    */
   private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
     val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
-    if (graph.outer.get(o).exists(_ != keys) || graph.residuals.exists(r => r.inputs.contains(o) && graph.outer.contains(o) && r.outer.isEmpty))
-      Some(s"a condition outside the ON clause of its ${describe(join)} reads the non-preserved side")
+    if (graph.outer.get(o).exists(_ != keys))
+      Some(s"an equality outside the ON clause of its ${describe(join)} reads the non-preserved side")
     else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
     else None
   }

@@ -77,7 +77,8 @@ object ProbeSteps {
       classes.indices.find(o => value.contains(o) && classes(o).keyOf(to).map(_.canonicalized) == mine).map(value)
     }
 
-    val startConditions = bind(route.start, Nil, Set.empty)._1
+    // A route's start row is one of its input's rows, never NULLs: an outer input's ON clause and its conditions after it both filter it.
+    val startConditions = bind(route.start, Nil, Set.empty) match { case (deciding, after) => deciding ++ after }
     var bound = Set(route.start)
     val steps = route.edges.map { case (from, to) =>
       // Through the edge's own class (shared by `from` and `to`): the statistics of the edge describe
