@@ -5,7 +5,7 @@ Randomised differential cases: 3-5 tables joined left-deep by inner, LEFT OUTER 
 joins at random positions (an ON key to any table joined before, including an earlier outer join's
 side: chains of outer joins; sometimes a non-equi ON conjunct, one on the preserved side alone, or
 one on the padded side alone), sometimes WHERE conditions reading a padded side (IS NULL, coalesce)
-and an EXISTS; duplicate and NULL keys, empty tables. UMJoin on and off in every configuration; and
+and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty tables. UMJoin on and off in every configuration; and
 the shapes that must stay as Spark plans them.
 """
 
@@ -83,6 +83,10 @@ def make_case(seed: int) -> Case:
         where.append(rng.choice([f"t{p}.id IS NULL", f"coalesce(t{p}.a, -1) <> t0.b", f"(t{p}.v IS NULL OR t{p}.v < 12)"]))
     if rng.random() < 0.2:
         where.append(f"EXISTS (SELECT 1 FROM t{rng.randrange(n)} AS e WHERE e.a = t0.a)")
+    if padded and rng.random() < 0.35:  # a semi or anti join reading a padded side (NULL there: nothing matches)
+        p = rng.choice(padded)
+        condition = rng.choice([f"e.a = t{p}.{rng.choice('ab')}", f"e.a = t0.a AND e.v > t{p}.v"])
+        where.append(f"{rng.choice(['', 'NOT '])}EXISTS (SELECT 1 FROM t{rng.randrange(n)} AS e WHERE {condition})")
     return Case(tables, relation, where)
 
 
@@ -205,3 +209,30 @@ def test_a_join_tree_on_the_padded_side_is_one_input_and_a_full_outer_join_stays
         else:
             (node,) = nodes
             assert sorted(i.label for i in node.inputs) == ["t0", "t1", "t2"] and "FullOuter" in text, text
+
+
+@pytest.mark.parametrize("exists", ["EXISTS", "NOT EXISTS"])
+def test_a_semi_or_anti_join_reading_a_padded_side_runs_inside_the_group(spark: SparkSession, tmp_path: Path, exists: str) -> None:
+    """[NOT] EXISTS keyed by a padded table's column, and one comparing with it: NULL where padded, so
+    nothing matches there (the semi join drops the padded combination, the anti join keeps it), as
+    Spark's joins and DuckDB decide. Each runs as a filter input of the group, after the outer step."""
+    rng = random.Random(11)
+    tables = [[(i, rng.randrange(5), rng.randrange(5), rng.randrange(20)) for i in range(12)] for _ in range(2)]
+    tables.append([(i, 2 + rng.randrange(5), rng.randrange(9), rng.randrange(20)) for i in range(10)])  # keys 0-1 padded
+    filtering = {"e": [(i, rng.randrange(8), rng.randrange(8), rng.randrange(20)) for i in range(8)]}
+    case = Case(tables, "t0 JOIN t1 ON t0.b = t1.b LEFT JOIN t2 ON t0.a = t2.a", [])
+    register_tables(spark, tables_of(case) | filtering, tmp_path)
+    con = duckdb.connect()
+    load(con, tables_of(case) | filtering)
+    for condition in ("e.a = t2.b", "e.a = t0.a AND e.v > t2.v"):
+        sql = f"{case.sql} WHERE {exists} (SELECT 1 FROM e WHERE {condition})"
+        expected = sorted(con.execute(sql).fetchall(), key=repr)
+        with temporary_conf(spark, {"spark.sql.adaptive.enabled": "false"}):
+            df = spark.sql(sql)
+            actual = rows_of(df)
+            (node,) = plans.umjoin_nodes(plans.physical_plan(df))
+        assert actual == expected, (condition, sql)
+        assert [(i.label, i.join_type) for i in node.inputs] == [
+            ("t0", "Inner"), ("t1", "Inner"), ("t2", "LeftOuter"), ("e", "LeftSemi" if exists == "EXISTS" else "LeftAnti")], condition
+        padded = [row for row in expected if row[4] is None]
+        assert (padded != []) == (exists == "NOT EXISTS") and len(padded) < len(expected), condition

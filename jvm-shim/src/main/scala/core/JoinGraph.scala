@@ -150,9 +150,6 @@ object JoinGraph {
     }).orElse(filterJoins.collectFirst {
       case f if f.joinType != LeftSemi && f.joinType != LeftAnti => s"a ${f.joinType.sql} join cannot filter a group"
       case f if output.exists(a => inputSets(f.input).contains(a)) => s"the output takes columns of the ${f.joinType.sql} join's right side"
-    }).orElse(filterJoins.collectFirst {
-      case f if f.conditions.flatMap(inputsOf).exists(i => outerJoins.exists(_.input == i)) =>
-        s"the ${f.joinType.sql} join's condition reads the non-preserved side of an outer join"
     })
     unsafe match {
       case Some(reason) => Left(reason)
