@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from test_static_stores import umjoin_metric
 from test_streaming import ROCKSDB, executed_plan, stream, write_batches
 from test_streaming_outer import hold_back_second_half, run_by_batch
 from umjoin import plans
@@ -246,16 +247,55 @@ def test_outer_and_semi_joins_on_two_keys_run_in_the_streaming_umjoin_like_spark
         assert padded and len(padded) < len(on), on
 
 
-def test_a_group_with_two_semi_joins_keeps_one_of_them_as_spark_planned_it_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
-    """x JOIN y SEMI z1 SEMI z2: a StreamingUMJoin runs one semi join (its waiting combinations in one store)."""
-    rng = random.Random(30)
-    random_streams(tmp_path, ["x", "y", "z1", "z2"], rng)
-    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, [("semi", "k"), ("semi", "j")], True), {})
+@pytest.mark.parametrize(("sides", "restart"), [
+    ([("semi", "k"), ("semi", "k")], False),
+    ([("semi", "k"), ("left", "k"), ("semi", "k")], True),
+])
+def test_semi_joins_one_above_the_other_on_one_key_run_in_one_streaming_umjoin_like_sparks_joins(
+        spark: SparkSession, tmp_path: Path, sides: list[tuple[str, str]], restart: bool) -> None:
+    """x JOIN y, then semi joins on x's key one above the other (with an outer join above them: Spark moves the upper below it):
+    a combination the lower lets through, at its first match, goes on to the upper; each waits in its own
+    store. Spark's rows micro-batch by micro-batch, across a restart too."""
+    names = ["x", "y", *(f"z{i}" for i in range(1, len(sides) + 1))]
+    random_streams(tmp_path, names, random.Random(70 + len(sides)))
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, True), ROCKSDB if restart else {},
+                               names if restart else None)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    semis = [int(i) for i in re.findall(r"#(\d+) [^#(]*\(left semi: unmatched combinations wait for it", plan)]
+    assert len(semis) == sum(how == "semi" for how, _ in sides), plan
+    for route in re.search(r"routes=\[([^]]*)\]", plan).group(1).split("; "):  # type: ignore[union-attr]
+        probed = [int(i) for i in re.findall(r"#(\d+)", route.split(": ")[1])]
+        assert probed[-len(semis):] == sorted(semis), route  # the semi joins last, lowest first, as Spark applies them
+    assert on == off and on
+    dropped = {name for p in umjoin.recentProgress for op in p["stateOperators"] for name in op["customMetrics"] if name.startswith("semiDropped")}
+    assert len(dropped) == len(semis) and all(umjoin_metric(umjoin, name) > 0 for name in dropped), plan  # each semi join dropped some
+
+
+@pytest.mark.parametrize("shape", ["different keys", "side by side"])
+def test_semi_joins_on_different_keys_or_side_by_side_keep_one_of_them_as_spark_planned_it(
+        spark: SparkSession, tmp_path: Path, shape: str) -> None:
+    """x JOIN y SEMI z1 (on k) SEMI z2 (on j): a combination the lower lets through would wait for the upper in
+    another partition (said why). (x SEMI z1) JOIN (y SEMI z2): neither semi join is above the other; the group
+    is split, y SEMI z2 joined with x in one StreamingUMJoin. One semi join stays Spark's; Spark's rows."""
+    random_streams(tmp_path, ["x", "y", "z1", "z2"], random.Random(30))
+
+    def side_by_side() -> DataFrame:
+        def semi(name: str, z: str) -> DataFrame:
+            on = (F.col(f"{name}_k") == F.col(f"{z}_k")) & near(f"{z}_ts", f"{name}_ts")
+            return watermarked_stream(spark, tmp_path, name).join(watermarked_stream(spark, tmp_path, z), on, "left_semi")
+        return semi("x", "z1").join(semi("y", "z2"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts"))
+
+    query = side_by_side if shape == "side by side" else lambda: chain_query(spark, tmp_path, [("semi", "k"), ("semi", "j")], True)
+    umjoin, on, off = run_both(spark, tmp_path, query, {})
 
     plan = executed_plan(umjoin)
     reasons = plans.unconverted_streaming_joins(spark, umjoin)
-    assert any("it has 2 semi stream-stream joins (a streaming UMJoin runs one" in r for r in reasons), reasons
-    assert plan.count("StreamingSymmetricHashJoin") >= 1 and plan.count("left semi: unmatched combinations wait for it") <= 1, plan
+    reason = "its 2 semi stream-stream joins are on different keys" if shape == "different keys" else "LEFT SEMI stream-stream join on x_k = z1_k"
+    assert any(reason in r for r in reasons), reasons
+    assert plan.count("StreamingSymmetricHashJoin") == 1 and plan.count("StreamingUMJoin inputs=") == 1, plan
+    assert plan.count("left semi: unmatched combinations wait for it") == 1, plan
     assert on == off and on
 
 

@@ -40,7 +40,7 @@ final case class StageMetrics(
     sliceCosts: Option[SliceCostMetrics],
     slicedRows: Map[Int, SlicedRowsAccumulator],
     static: Map[Int, StaticMetrics],
-    unmatched: Option[UnmatchedMetrics])
+    unmatched: Map[Int, UnmatchedMetrics])
 
 /**
  * What the tasks measure of time-sliced stores' costs (see [[SliceCosts]]): per sliced input, the
@@ -48,7 +48,7 @@ final case class StageMetrics(
  */
 final case class SliceCostMetrics(combinations: Map[Int, SQLMetric], probeNanos: Map[Int, SQLMetric], shipNanos: SQLMetric)
 
-/** The metrics of a semi join: combinations no row matched (dropped), and combinations waiting for a match. */
+/** The metrics of a semi join (by its input): combinations no row matched (dropped), and combinations waiting for a match. */
 final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
 
 /**
@@ -119,7 +119,7 @@ final case class MicroBatchJob(
     staticLoads: Map[Int, StaticVersions.Decision],
     staticCache: StaticCacheSettings,
     staticRowBytes: Map[Int, (Double, Double)],
-    unmatched: Option[UnmatchedSpec],
+    unmatched: Seq[UnmatchedSpec],
     padding: Option[OuterPadding],
     slices: Map[Int, SliceWindow],
     partitions: Int,
@@ -268,9 +268,10 @@ private[streaming] final class StageTask(
     case _ => inMemory(input, index)
   }
 
-  // A semi join's new combinations of its preserved inputs that no row of its non-preserved input matched in this task
-  // (or, in the last stage, that earlier stages shipped here): they wait for a match in the last stage's store.
-  private val unmatchedHere = mutable.ArrayBuffer[UnsafeRow]()
+  // Per semi join's input, new combinations of its preserved inputs that no row of it matched in this task (or, in
+  // the last stage, that earlier stages shipped here, or the semi join below let through): they wait for a match in
+  // the last stage's store.
+  private val unmatchedHere = job.unmatched.map(_.nonPreserved -> mutable.ArrayBuffer[UnsafeRow]()).toMap
 
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Int, (Route.Segment, ProbeCore)]()
@@ -283,9 +284,10 @@ private[streaming] final class StageTask(
     val padding = job.padding.map(p => StreamPadding((input, index) => if (seesNewRows(tag, input)) null else inMemory(input, index),
       p.now.get, Option.when(rescan)(p.rescanned(tag - job.kinds.size)), Option.when(rescan)(p.due(tag - job.kinds.size))))
     val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
-      (input, index) => storeFor(tag, input, index), identity, metrics.inputs, partition, job.unmatched.map { u => (bound: Seq[Attribute]) =>
-        val inInputOrder = UnsafeProjection.create(u.spec.output, bound)
-        (combination: InternalRow) => unmatchedHere += inInputOrder(combination).copy()
+      (input, index) => storeFor(tag, input, index), identity, metrics.inputs, partition, Option.when(job.unmatched.nonEmpty) {
+        (semi: Int, bound: Seq[Attribute]) =>
+          val inInputOrder = UnsafeProjection.create(job.unmatched.find(_.nonPreserved == semi).get.spec.output, bound)
+          (combination: InternalRow) => unmatchedHere(semi) += inInputOrder(combination).copy()
       }, padding)
     (segment, new ProbeCore(compiled, Option.when(stage == 0 && !rescan)(metrics.inputs(run.start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
@@ -310,7 +312,8 @@ private[streaming] final class StageTask(
     } else {
       val feeds = mutable.Map[Int, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
-      val unmatchedRow = new UnsafeRow(job.unmatched.map(_.spec.output.size).getOrElse(0))
+      // (Every semi join's waiting combinations have the same columns: its preserved side is every input that binds rows.)
+      val unmatchedRow = new UnsafeRow(job.unmatched.headOption.map(_.spec.output.size).getOrElse(0))
       // With time-sliced stores, the shuffle's reading of each combination is timed (its part of T_s).
       val arriving = metrics.sliceCosts.fold(shipped()) { costs =>
         new StageTask.TimedWithin[InternalRow](shipped(), costs.shipNanos, row => StageTask.continuesRoute(row.getInt(0)))
@@ -318,9 +321,9 @@ private[streaming] final class StageTask(
       arriving.flatMap { shippedRow =>
         val envelope = shippedRow.asInstanceOf[UnsafeRow]
         val start = envelope.getInt(0)
-        if (start == StageTask.Unmatched) {
+        if (StageTask.isUnmatched(start)) {
           StageTask.pointToContent(unmatchedRow, envelope)
-          Iterator.single((StageTask.Unmatched, unmatchedRow))
+          Iterator.single((start, unmatchedRow))
         } else if (start == StageTask.ResultRow) {
           StageTask.pointToContent(resultRow, envelope)
           Iterator.single((StageTask.ResultRow, resultRow))
@@ -376,7 +379,7 @@ private[streaming] final class StageTask(
     })
     val all = 0 until job.partitions
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
-    val unmatched = () => unmatchedHere.iterator.map(row => (partition, wrap(StageTask.Unmatched, row)))
+    val unmatched = () => unmatchedHere.iterator.flatMap { case (semi, rows) => rows.iterator.map(row => (partition, wrap(StageTask.unmatchedTag(semi), row))) }
     val addressed = StageTask.whenDone(produced().flatMap {
       // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
       case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
@@ -405,54 +408,66 @@ private[streaming] final class StageTask(
   }
 
   /**
-   * The last stage: result rows, then a semi join's combinations matched at last; once they are
+   * The last stage: result rows, then the semi joins' combinations matched at last; once they are
    * all out, the batch's new rows are stored and every store is committed.
    */
   def results(): Iterator[InternalRow] = {
     val rows = produced().flatMap {
-      case (StageTask.Unmatched, row) =>
-        unmatchedHere += row.asInstanceOf[UnsafeRow].copy()
+      case (tag, row) if StageTask.isUnmatched(tag) =>
+        unmatchedHere(StageTask.unmatchedInput(tag)) += row.asInstanceOf[UnsafeRow].copy()
         Iterator.empty
       case (_, row) => Iterator.single(row)
     }
     StageTask.whenDone(rows ++ settleUnmatched(), () => finish())
   }
 
-  private var unmatchedWriter = Option.empty[InputStateWriter]
+  private val unmatchedWriters = mutable.ArrayBuffer[InputStateWriter]()
 
   /**
-   * A semi join's waiting combinations in this partition, the ones already stored and this batch's
-   * new ones: those a new row of the non-preserved input matches go, and come out now; those no
-   * later row can match any more are dropped; the others wait.
+   * The semi joins' waiting combinations in this partition, lowest join first, the ones already
+   * stored and this batch's new ones: those a new row of the join's input matches go on to the
+   * join above (they come out where none is left, or wait there where no row it stored matches);
+   * those no later row can match any more are dropped; the others wait. (The joins are on one key:
+   * their stores and waiting combinations share this partition.)
    */
-  private def settleUnmatched(): Iterator[InternalRow] = job.unmatched.iterator.flatMap { u =>
-    val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
-    unmatchedWriter = Some(writer)
-    val matchIndex = StoreIndex.single(u.spec.partitionClass)
-    val arrived = indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndex))(matchIndex)
-    val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
-    val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
-    val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
-    val joined = new JoinedRow
-    def matched(combination: InternalRow): Boolean =
-      arrived.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
-    // A semi join's result reads none of its non-preserved input's columns.
-    val result = UnsafeProjection.create(job.result, u.spec.output)
+  private def settleUnmatched(): Iterator[InternalRow] = {
     val out = mutable.ArrayBuffer[InternalRow]()
-    /** Whether the combination goes: matched now (it comes out), or matched by no later row (it is dropped). */
-    def goes(combination: InternalRow): Boolean =
-      if (matched(combination)) {
-        out += result(combination).copy()
-        true
-      } else if (unmatchable.exists(_.eval(combination))) {
-        metrics.unmatched.foreach(_.gone += 1)
-        true
-      } else false
-    metrics.removed += writer.removeWhere((_, combination) => goes(combination))
-    unmatchedHere.foreach { combination =>
-      if (!goes(combination)) {
-        writer.put(combination, job.nowMs)
-        metrics.updated += 1
+    val joined = new JoinedRow
+    // Where a combination finds a match: a row of the join's input (stored or new) meeting its condition.
+    def finder(u: UnmatchedSpec, rows: JoinStore): InternalRow => Boolean = {
+      val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
+      val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
+      combination => rows.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
+    }
+    val matchIndexes = job.unmatched.map(u => StoreIndex.single(u.spec.partitionClass))
+    // A semi join's result reads none of its non-preserved inputs' columns.
+    val result = job.unmatched.headOption.map(u => UnsafeProjection.create(job.result, u.spec.output))
+    // The joins above the k-th, each tried on the rows it stored: the combination comes out, or waits for the first that none matched.
+    lazy val storedMatch = job.unmatched.zip(matchIndexes).map { case (u, ix) => finder(u, stateOf(u.nonPreserved).storeFor(ix)) }
+    def goOnAbove(k: Int, combination: InternalRow): Unit = (k + 1 until job.unmatched.size).find(a => !storedMatch(a)(combination)) match {
+      case Some(a) => unmatchedHere(job.unmatched(a).nonPreserved) += combination.asInstanceOf[UnsafeRow].copy()
+      case None => out += result.get(combination).copy()
+    }
+    job.unmatched.zipWithIndex.foreach { case (u, k) =>
+      val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
+      unmatchedWriters += writer
+      val matched = finder(u, indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndexes(k)))(matchIndexes(k)))
+      val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
+      /** Whether the combination goes: matched now (it goes on), or matched by no later row (it is dropped). */
+      def goes(combination: InternalRow): Boolean =
+        if (matched(combination)) {
+          goOnAbove(k, combination)
+          true
+        } else if (unmatchable.exists(_.eval(combination))) {
+          metrics.unmatched(u.nonPreserved).gone += 1
+          true
+        } else false
+      metrics.removed += writer.removeWhere((_, combination) => goes(combination))
+      unmatchedHere(u.nonPreserved).foreach { combination =>
+        if (!goes(combination)) {
+          writer.put(combination, job.nowMs)
+          metrics.updated += 1
+        }
       }
     }
     metrics.numOutputRows += out.size
@@ -520,11 +535,11 @@ private[streaming] final class StageTask(
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }
-    unmatchedWriter.foreach { writer =>
+    job.unmatched.zip(unmatchedWriters).foreach { case (u, writer) =>
       writer.commit()
-      metrics.unmatched.foreach(_.waiting += writer.rowCount)
+      metrics.unmatched(u.nonPreserved).waiting += writer.rowCount
     }
-    committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriter)
+    committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriters)
     report()
   }
 
@@ -543,8 +558,10 @@ private[streaming] object StageTask {
   // starts at input `tag` (tag >= 0, going on there), or one of these.
   /** A complete result row (it only travels to the last stage). */
   val ResultRow: Int = -1
-  /** An outer or semi join's combination no row matched yet (it waits in its partition for the last stage). */
-  val Unmatched: Int = -2
+  /** A combination no row of semi join input `semi` matched yet (it waits in its partition for the last stage). */
+  def unmatchedTag(semi: Int): Int = -2 - semi
+  def isUnmatched(tag: Int): Boolean = tag <= -2
+  def unmatchedInput(tag: Int): Int = -2 - tag
   def continuesRoute(tag: Int): Boolean = tag >= 0
 
   /**

@@ -251,10 +251,11 @@ object StreamingLayout {
    */
   def nonPreservedLast(graph: JoinGraph, route: Route): Route = {
     // A semi join's input last of all: the combination it lets through, or hands to its waiting store, is then whole.
+    // (Several in input order, lowest join first, as Spark applies them.)
     val semis = graph.filters.keys.toSeq.sorted.filter(_ != route.start)
     val moved = graph.outer.keys.toSeq.sorted.filter(_ != route.start) ++ semis
     val last = route.order.takeRight(moved.size)
-    if (moved.isEmpty || last.sorted == moved.sorted && last.takeRight(semis.size).sorted == semis && isPreservedFirst(graph, route, moved)) route
+    if (moved.isEmpty || last.sorted == moved.sorted && last.takeRight(semis.size) == semis && isPreservedFirst(graph, route, moved)) route
     else {
       val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)

@@ -44,10 +44,11 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * inputs): their streams are probed last, by their ON clauses; a combination no row of one
  * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
  * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of its
- * `paddingStarts` stream, whose stored rows are kept until its join padded them). And one LEFT SEMI join
- * anywhere: its stream is probed last, and a new combination no stored row of it matches waits in a
- * store of its own, partitioned as that stream's store, until a later row matches it (it comes out
- * once, then) or `unmatchable` says no later row can (it is dropped). With an adaptive
+ * `paddingStarts` stream, whose stored rows are kept until its join padded them). And LEFT SEMI joins
+ * anywhere, one above the other on one key: their streams are probed last, lowest first, and a
+ * combination no stored row of one matches waits in a store of its own, partitioned as that
+ * stream's store, until a later row matches it (it goes on to the next, or comes out, once) or
+ * `unmatchable` (per semi join's input) says no later row can (it is dropped). With an adaptive
  * `probeOrder`, the tasks count every probe's outcome and the driver chooses the routes again
  * between micro-batches ([[StreamingRoutes]]).
  *
@@ -68,7 +69,7 @@ case class StreamingUMJoinExec(
     inputLabels: Seq[String],
     graphShape: GraphShape,
     graphExpressions: Seq[Expression],
-    unmatchable: Option[Expression],
+    unmatchable: Seq[Option[Expression]],
     paddingStarts: Seq[Option[Int]],
     paddedNow: Seq[Option[Expression]],
     paddedBefore: Seq[Option[Expression]],
@@ -89,10 +90,10 @@ case class StreamingUMJoinExec(
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
     InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
-  } ++ semiInput.map(InputState.unmatchedStoreName)
+  } ++ semiInputs.map(InputState.unmatchedStoreName)
 
-  /** The non-preserved stream of the group's semi join, if it has one. */
-  private def semiInput: Option[Int] = graphShape.filters.keys.headOption
+  /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
+  private def semiInputs: Seq[Int] = graphShape.filters.keys.toSeq.sorted
 
   private def joinGraph: JoinGraph =
     graphShape.withExpressions(graphExpressions)
@@ -160,7 +161,7 @@ case class StreamingUMJoinExec(
           StatefulOperatorCustomSumMetric(s"sliceProbeNanosInput$i", s"$name: time probing its time slices for them (ns)"))) ++
         (if (!graphShape.outer.contains(i)) Nil
         else Seq(StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns"))) ++
-        (if (!semiInput.contains(i)) Nil else Seq(
+        (if (!semiInputs.contains(i)) Nil else Seq(
           StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
           StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
         (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
@@ -204,24 +205,24 @@ case class StreamingUMJoinExec(
         layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
     }.toMap
 
-  /** Where a partition keeps the combinations waiting for the semi join's first match, if the group has one. */
-  private def unmatchedState(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Option[UnmatchedSpec] =
-    semiInput.map { o =>
+  /** Where a partition keeps the combinations waiting for each semi join's first match, lowest join first. */
+  private def unmatchedStates(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Seq[UnmatchedSpec] =
+    semiInputs.map { o =>
       val key = graph.classes.indexWhere(_.inputs.contains(o))
       val preserved = graph.joined.filter(_ != o)
       // A waiting combination may be padded for an outer input: its columns are read as nullable.
       val columns = preserved.flatMap(i => if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
       UnmatchedSpec(o,
-        InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if i != o => e }.get, Nil,
+        InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if graph.joined.contains(i) => e }.get, Nil,
           InputState.unmatchedStoreName(o)),
-        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable)
+        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable(o))
     }
 
   /** Every state a partition of this operator keeps (each one's stores are `rowStore` and `indexStores`). */
   def stateSpecs: Seq[InputStateSpec] = {
     val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
-    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedState(graph, outputs).map(_.spec)
+    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedStates(graph, outputs).map(_.spec)
   }
 
   override protected def doExecute(): RDD[InternalRow] = {
@@ -274,7 +275,7 @@ case class StreamingUMJoinExec(
       staticLoads = staticLoads,
       staticCache = staticCache,
       staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
-      unmatched = unmatchedState(graph, outputs),
+      unmatched = unmatchedStates(graph, outputs),
       padding = Option.when(paddingStarts.exists(_.isDefined)) {
         val outer = graphShape.outer.keys.toSeq
         // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
@@ -325,7 +326,7 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
           longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
       }.toMap,
-      unmatched = semiInput.map(o => UnmatchedMetrics(longMetric(s"semiDroppedInput$o"), longMetric(s"unmatchedRowsInput$o"))))
+      unmatched = semiInputs.map(o => o -> UnmatchedMetrics(longMetric(s"semiDroppedInput$o"), longMetric(s"unmatchedRowsInput$o"))).toMap)
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableConfiguration(hadoopConf))

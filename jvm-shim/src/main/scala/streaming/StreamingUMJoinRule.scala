@@ -47,7 +47,7 @@ final case class StreamingGroupPlan(
     project: Option[Seq[NamedExpression]],
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
-    unmatchable: Option[Expression],
+    unmatchable: Seq[Option[Expression]],
     padding: Option[PaddingPlan],
     evictionWatermark: Option[Long],
     sliceBounds: Seq[Seq[SliceWindow.Bound]])
@@ -223,8 +223,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
       (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
     val semiAndOuter = semiAndOuterJoins(group, kinds)
-    val (semiJoin, outerJoins) = semiAndOuter.getOrElse((None, Nil))
-    val nonInner = semiJoin.toSeq ++ outerJoins
+    val (semiJoins, outerJoins) = semiAndOuter.getOrElse((Nil, Nil))
+    val nonInner = semiJoins ++ outerJoins
     val conjuncts = group.members.flatMap {
       case j: StreamingSymmetricHashJoinExec if nonInner.exists(_._1 eq j) => Nil
       case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
@@ -272,16 +272,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
     else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
-        filterJoins = semiJoin.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) }.toSeq,
+        filterJoins = semiJoins.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) },
         outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }, oneKeyPerNonInnerJoin = true).flatMap { graph =>
       val conditions = conjuncts ++ nonInner.flatMap(o => joinConjuncts(o._1))
       lazy val distances = StreamingWatermarks.timeDistances(outputs, conditions)
       // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
       val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
-      // Whether the combinations waiting for a match can ever go (Spark's own analysis refuses the query otherwise).
-      def unmatchable(watermark: Long): Option[Expression] = semiJoin.flatMap { case (_, o) =>
+      // Whether the combinations waiting for semi join o's match can ever go (Spark's own analysis refuses the query otherwise).
+      def unmatchable(o: Int, watermark: Long): Option[Expression] =
         StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, distances, watermark, checked)
-      }
+      val semiKeys = semiJoins.map { case (_, o) => graph.classes.indexWhere(_.inputs.contains(o)) }.distinct
       // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
       val lateConditions = combined.flatMap { f =>
         f.streams.map { r =>
@@ -292,8 +292,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       lazy val padding = paddingOf(graph, outerJoins, outputs, resolve)
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
       else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined }) Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
-      else if (semiJoin.isDefined && unmatchable(0L).isEmpty) Left(s"no watermark and condition of its ${describe(semiJoin.get._1)} bound when a " +
-        "combination of its preserved side can no longer find a match, so none would ever be let go")
+      else if (semiJoins.exists { case (_, o) => unmatchable(o, 0L).isEmpty }) Left(s"no watermark and condition of its " +
+        s"${describe(semiJoins.find { case (_, o) => unmatchable(o, 0L).isEmpty }.get._1)} bound when a combination of its preserved " +
+        "side can no longer find a match, so none would ever be let go")
+      // (A combination one semi join lets through goes on to the next in the same partition: see StageTask.settleUnmatched.)
+      else if (semiKeys.size > 1) Left(s"its ${semiJoins.size} semi stream-stream joins are on different keys (a streaming UMJoin runs " +
+        "several on one key, their combinations waiting in that key's partitions)")
+      // (Routes and stores take the semi joins in input order: the tree's, lowest first, as Spark applies them.)
+      else if (semiJoins.map(_._2) != semiJoins.map(_._2).sorted) Left("its semi stream-stream joins are not in input order")
       else if (padding.isLeft) Left(padding.swap.toOption.get)
       else if (outerJoins.nonEmpty && checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet))) throw new IllegalStateException(checkpoint.get.refusal(
         "its outer join's waiting combinations were written by an earlier version of UMJoin, which kept them in a store this version no longer reads"))
@@ -332,7 +338,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
                   .reduce((a, b) => for (x <- a; y <- b) yield And(x, y))
               }
             },
-            unmatchable = evictionWatermark.flatMap(unmatchable),
+            unmatchable = inputs.indices.map(o => if (semiJoins.exists(_._2 == o)) evictionWatermark.flatMap(unmatchable(o, _)) else None),
             padding = padding.toOption.flatten,
             evictionWatermark = evictionWatermark,
             sliceBounds = inputs.indices.map { j =>
@@ -403,14 +409,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * The group's semi join and its outer joins, each with the index of its non-preserved input, or
-   * why the group cannot run them: at most one semi join, and outer joins, anywhere in the group (no join
-   * above an outer join is on its padded columns, filters may read them: [[nonInnerJoinRefusal]]; nothing
-   * above a semi join reads its non-preserved side, whose columns it does not put out); each join's
-   * non-preserved side one streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
+   * The group's semi joins, lowest first, and its outer joins, each with the index of its non-preserved input, or
+   * why the group cannot run them: semi joins one above the other (each reads the combinations the one
+   * below lets through), and outer joins, anywhere in the group (no join above an outer join is on its
+   * padded columns, filters may read them: [[nonInnerJoinRefusal]]; nothing above a semi join reads its
+   * non-preserved side, whose columns it does not put out); each join's non-preserved side one
+   * streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
    */
   private def semiAndOuterJoins(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
-      : Either[String, (Option[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
+      : Either[String, (Seq[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
     val (semis, outers) = group.members.collect {
       case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j
     }.partition(_.joinType == LeftSemi)
@@ -422,12 +429,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
     }
-    if (semis.size > 1) Left(s"it has ${semis.size} semi stream-stream joins (a streaming UMJoin runs one, its combinations waiting for a match in one store)")
+    def below(a: SparkPlan, b: StreamingSymmetricHashJoinExec): Boolean = b.left.find(_ eq a).isDefined
+    val lowestFirst = semis.sortBy(s => semis.count(below(_, s)))
+    if (lowestFirst.zip(lowestFirst.drop(1)).exists { case (a, b) => !below(a, b) })
+      Left(s"it has ${semis.size} semi stream-stream joins side by side (a streaming UMJoin runs several only one above the other)")
     else {
-      val found = (semis ++ outers).map(nonPreservedOf)
+      val found = (lowestFirst ++ outers).map(nonPreservedOf)
       found.collectFirst { case Left(reason) => reason }.toLeft {
         val joins = found.flatMap(_.toOption)
-        (joins.find(_._1.joinType == LeftSemi), joins.filter(_._1.joinType != LeftSemi))
+        (joins.filter(_._1.joinType == LeftSemi), joins.filter(_._1.joinType != LeftSemi))
       }
     }
   }

@@ -88,8 +88,8 @@ object CompiledRoute {
    * Compiles steps [from, until) of a route: the rows it starts from are the route's first
    * `from + 1` inputs joined (the start row alone for `from` 0, whose own conditions are checked
    * first), and it puts out the `result` projection once the route is complete, else the rows
-   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, a
-   * semi step hands a combination none of its rows matches to `unmatched(the combination's attributes)`.
+   * bound so far, joined (a partial combination that continues elsewhere). With `unmatched`, a semi
+   * step hands a combination none of its rows matches to `unmatched(its input, the combination's attributes)`.
    * With `padding`, an outer step pads as [[Step]] says, with `padding.check(input, index)` and
    * `padding.now(input)`; a complete combination comes out where `padding.result` holds.
    */
@@ -103,7 +103,7 @@ object CompiledRoute {
       keyed: Seq[Expression] => Seq[Expression],
       metrics: Seq[InputMetrics],
       partition: Int,
-      unmatched: Option[Seq[Attribute] => InternalRow => Unit] = None,
+      unmatched: Option[(Int, Seq[Attribute]) => InternalRow => Unit] = None,
       padding: Option[StreamPadding] = None): CompiledRoute = {
     val order = plan.route.order
     // An outer step's input may be bound as a row of NULLs: its columns are read as nullable.
@@ -121,7 +121,7 @@ object CompiledRoute {
       new CompiledRoute.Step(step.input, step.from, storeOf(step.input, step.index), GeneratedCode.projection(keyed(step.probeKeys), prefixes(s)),
         predicate(cheap, attrs), predicate(costly, attrs), metrics(step.input), step.rule, predicate(step.postConditions, attrs),
         new GenericInternalRow(outputs(step.input).size),
-        if (step.rule == StepRule.Semi) unmatched.map(_(prefixes(s))).orNull else null,
+        if (step.rule == StepRule.Semi) unmatched.map(_(step.input, prefixes(s))).orNull else null,
         padding.filter(_ => step.rule == StepRule.Outer).map(_.check(step.input, step.index)).orNull,
         padding.filter(_ => step.rule == StepRule.Outer).flatMap(_.now(step.input)).map(GeneratedCode.interpreted(_, prefixes(s), partition)).orNull)
     }.toArray
