@@ -257,7 +257,7 @@ def test_semi_joins_one_above_the_other_on_one_key_run_in_one_streaming_umjoin_l
     a combination the lower lets through, at its first match, goes on to the upper; each waits in its own
     store. Spark's rows micro-batch by micro-batch, across a restart too."""
     names = ["x", "y", *(f"z{i}" for i in range(1, len(sides) + 1))]
-    random_streams(tmp_path, names, random.Random(70 + len(sides)))
+    random_streams(tmp_path, names, random.Random(70 + len(sides)), most_cuts=4)
     umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, True), ROCKSDB if restart else {},
                                names if restart else None)
 
@@ -279,7 +279,7 @@ def test_semi_joins_on_different_keys_or_side_by_side_keep_one_of_them_as_spark_
     """x JOIN y SEMI z1 (on k) SEMI z2 (on j): a combination the lower lets through would wait for the upper in
     another partition (said why). (x SEMI z1) JOIN (y SEMI z2): neither semi join is above the other; the group
     is split, y SEMI z2 joined with x in one StreamingUMJoin. One semi join stays Spark's; Spark's rows."""
-    random_streams(tmp_path, ["x", "y", "z1", "z2"], random.Random(30))
+    random_streams(tmp_path, ["x", "y", "z1", "z2"], random.Random(30), most_cuts=3)
 
     def side_by_side() -> DataFrame:
         def semi(name: str, z: str) -> DataFrame:
