@@ -64,8 +64,7 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
                 y_after: int = 0) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
     or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k", "j", or "kj": both)
-    and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and the value of the inner side
-    joined before it, or y's). Each zi_ts loses its watermark after its join: Spark's joins above
+    and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and y's value, where y is joined). Each zi_ts loses its watermark after its join: Spark's joins above
     take one event-time column per side. Side i in `trees` is a join tree: zi joined inner with a stream ui
     on zi_j and ui_ts within 5 minutes of zi_ts, before its join with x. With `y_after` n > 0, y is joined
     after the first n sides, and x_ts loses its watermark there: the sides after it are timed by y_ts
@@ -89,11 +88,11 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
         for column in ("k", "j") if key == "kj" else (key,):
             on = (F.col(f"x_{column}") == F.col(f"z{i}_{column}")) & on
         if how == "semi":
-            # Reading the side joined before keeps Spark's optimizer from pushing the semi join down to x (not an
-            # outer join's side: a semi join's condition reading padded columns stays Spark's).
+            # Reading y keeps Spark's optimizer from pushing the semi join down to x. (Not a side joined before: Spark
+            # moves the semi join below the projection that takes that side's watermark off, and then fails the query
+            # for its two event-time columns, MULTIPLE_EVENT_TIME_COLUMNS.)
             y_joined = with_y and (not y_after or i > y_after)
-            before = f"z{i - 1}_v" if i > 1 and sides[i - 2][0] == "inner" else "y_v" if y_joined else None
-            df = df.join(z, on & (F.col(f"z{i}_v") + F.col(before) > 60) if before else on, "left_semi")
+            df = df.join(z, on & (F.col(f"z{i}_v") + F.col("y_v") > 60) if y_joined else on, "left_semi")
             continue
         df = {"left": lambda: df.join(z, on, "left_outer"), "right": lambda: z.join(df, on, "right_outer"), "inner": lambda: df.join(z, on)}[how]()
         df = df.withMetadata(f"z{i}_ts", {})
