@@ -281,6 +281,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       // Whether the combinations waiting for semi join o's match can ever go (Spark's own analysis refuses the query otherwise).
       def unmatchable(o: Int, watermark: Long): Option[Expression] =
         StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, distances, watermark, checked)
+      lazy val unboundedSemi = semiJoins.find { case (_, o) => unmatchable(o, 0L).isEmpty }
       val semiKeys = semiJoins.map { case (_, o) => graph.classes.indexWhere(_.inputs.contains(o)) }.distinct
       // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
       val lateConditions = combined.flatMap { f =>
@@ -292,14 +293,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       lazy val padding = paddingOf(graph, outerJoins, outputs, resolve)
       if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
       else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined }) Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
-      else if (semiJoins.exists { case (_, o) => unmatchable(o, 0L).isEmpty }) Left(s"no watermark and condition of its " +
-        s"${describe(semiJoins.find { case (_, o) => unmatchable(o, 0L).isEmpty }.get._1)} bound when a combination of its preserved " +
-        "side can no longer find a match, so none would ever be let go")
+      else if (unboundedSemi.isDefined) Left(s"no watermark and condition of its ${describe(unboundedSemi.get._1)} bound when a " +
+        "combination of its preserved side can no longer find a match, so none would ever be let go")
       // (A combination one semi join lets through goes on to the next in the same partition: see StageTask.settleUnmatched.)
       else if (semiKeys.size > 1) Left(s"its ${semiJoins.size} semi stream-stream joins are on different keys (a streaming UMJoin runs " +
         "several on one key, their combinations waiting in that key's partitions)")
       // (Routes and stores take the semi joins in input order: the tree's, lowest first, as Spark applies them.)
-      else if (semiJoins.map(_._2) != semiJoins.map(_._2).sorted) Left("its semi stream-stream joins are not in input order")
+      else if (semiJoins.map(_._2) != semiJoins.map(_._2).sorted)
+        Left("its semi stream-stream joins' streams are not in the order the joins apply (a streaming UMJoin probes them in input order)")
       else if (padding.isLeft) Left(padding.swap.toOption.get)
       else if (outerJoins.nonEmpty && checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet))) throw new IllegalStateException(checkpoint.get.refusal(
         "its outer join's waiting combinations were written by an earlier version of UMJoin, which kept them in a store this version no longer reads"))
