@@ -21,7 +21,6 @@ from pyspark.sql import functions as F
 from test_static_stores import umjoin_metric
 from test_streaming import ROCKSDB, executed_plan, stream, write_batches
 from test_streaming_outer import hold_back_second_half, run_by_batch
-from umjoin import plans
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -246,56 +245,42 @@ def test_outer_and_semi_joins_on_two_keys_run_in_the_streaming_umjoin_like_spark
         assert padded and len(padded) < len(on), on
 
 
+def side_by_side_semis_query(spark: SparkSession, directory: Path) -> DataFrame:
+    """(x SEMI z1 on k) JOIN (y SEMI z2 on k) on k: neither semi join is above the other."""
+    def semi(name: str, z: str) -> DataFrame:
+        on = (F.col(f"{name}_k") == F.col(f"{z}_k")) & near(f"{z}_ts", f"{name}_ts")
+        return watermarked_stream(spark, directory, name).join(watermarked_stream(spark, directory, z), on, "left_semi")
+    return semi("x", "z1").join(semi("y", "z2"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts"))
+
+
 @pytest.mark.parametrize(("sides", "restart"), [
     ([("semi", "k"), ("semi", "k")], False),
     ([("semi", "k"), ("left", "k"), ("semi", "k")], True),
+    ([("semi", "k"), ("semi", "j")], False),
+    ("side by side", False),
 ])
-def test_semi_joins_one_above_the_other_on_one_key_run_in_one_streaming_umjoin_like_sparks_joins(
-        spark: SparkSession, tmp_path: Path, sides: list[tuple[str, str]], restart: bool) -> None:
-    """x JOIN y, then semi joins on x's key one above the other (with an outer join above them: Spark moves the upper below it):
-    a combination the lower lets through, at its first match, goes on to the upper; each waits in its own
-    store. Spark's rows micro-batch by micro-batch, across a restart too."""
-    names = ["x", "y", *(f"z{i}" for i in range(1, len(sides) + 1))]
-    random_streams(tmp_path, names, random.Random(70 + len(sides)), most_cuts=4)
-    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, True), ROCKSDB if restart else {},
-                               names if restart else None)
+def test_semi_joins_one_above_the_other_or_side_by_side_on_any_keys_run_in_one_streaming_umjoin_like_sparks_joins(
+        spark: SparkSession, tmp_path: Path, sides: list[tuple[str, str]] | str, restart: bool) -> None:
+    """x JOIN y, then semi joins on x's keys one above the other (with an outer join above them: Spark moves the upper below it),
+    or (x SEMI z1) JOIN (y SEMI z2): a combination a semi join lets through, at its first match, goes on to the next one,
+    in the same micro-batch, to its partition where its key is another; each waits in its own store. Spark's rows micro-batch
+    by micro-batch, across a restart too."""
+    count = 2 if isinstance(sides, str) else len(sides)
+    names = ["x", "y", *(f"z{i}" for i in range(1, count + 1))]
+    random_streams(tmp_path, names, random.Random(70 + count), most_cuts=4)
+    query = (lambda: side_by_side_semis_query(spark, tmp_path)) if isinstance(sides, str) else lambda: chain_query(spark, tmp_path, sides, True)
+    umjoin, on, off = run_both(spark, tmp_path, query, ROCKSDB if restart else {}, names if restart else None)
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
     semis = [int(i) for i in re.findall(r"#(\d+) [^#(]*\(left semi: unmatched combinations wait for it", plan)]
-    assert len(semis) == sum(how == "semi" for how, _ in sides), plan
+    assert len(semis) == (2 if isinstance(sides, str) else sum(how == "semi" for how, _ in sides)), plan
     for route in re.search(r"routes=\[([^]]*)\]", plan).group(1).split("; "):  # type: ignore[union-attr]
         probed = [int(i) for i in re.findall(r"#(\d+)", route.split(": ")[1])]
         assert probed[-len(semis):] == sorted(semis), route  # the semi joins last, lowest first, as Spark applies them
     assert on == off and on
     dropped = {name for p in umjoin.recentProgress for op in p["stateOperators"] for name in op["customMetrics"] if name.startswith("semiDropped")}
     assert len(dropped) == len(semis) and all(umjoin_metric(umjoin, name) > 0 for name in dropped), plan  # each semi join dropped some
-
-
-@pytest.mark.parametrize("shape", ["different keys", "side by side"])
-def test_semi_joins_on_different_keys_or_side_by_side_keep_one_of_them_as_spark_planned_it(
-        spark: SparkSession, tmp_path: Path, shape: str) -> None:
-    """x JOIN y SEMI z1 (on k) SEMI z2 (on j): a combination the lower lets through would wait for the upper in
-    another partition (said why). (x SEMI z1) JOIN (y SEMI z2): neither semi join is above the other; the group
-    is split, y SEMI z2 joined with x in one StreamingUMJoin. One semi join stays Spark's; Spark's rows."""
-    random_streams(tmp_path, ["x", "y", "z1", "z2"], random.Random(30), most_cuts=3)
-
-    def side_by_side() -> DataFrame:
-        def semi(name: str, z: str) -> DataFrame:
-            on = (F.col(f"{name}_k") == F.col(f"{z}_k")) & near(f"{z}_ts", f"{name}_ts")
-            return watermarked_stream(spark, tmp_path, name).join(watermarked_stream(spark, tmp_path, z), on, "left_semi")
-        return semi("x", "z1").join(semi("y", "z2"), (F.col("x_k") == F.col("y_k")) & near("y_ts", "x_ts"))
-
-    query = side_by_side if shape == "side by side" else lambda: chain_query(spark, tmp_path, [("semi", "k"), ("semi", "j")], True)
-    umjoin, on, off = run_both(spark, tmp_path, query, {})
-
-    plan = executed_plan(umjoin)
-    reasons = plans.unconverted_streaming_joins(spark, umjoin)
-    reason = "its 2 semi stream-stream joins are on different keys" if shape == "different keys" else "LEFT SEMI stream-stream join on x_k = z1_k"
-    assert any(reason in r for r in reasons), reasons
-    assert plan.count("StreamingSymmetricHashJoin") == 1 and plan.count("StreamingUMJoin inputs=") == 1, plan
-    assert plan.count("left semi: unmatched combinations wait for it") == 1, plan
-    assert on == off and on
 
 
 def test_a_semi_joins_first_match_batches_after_its_row_comes_out_then_through_the_join_above_like_spark(
@@ -318,6 +303,28 @@ def test_a_semi_joins_first_match_batches_after_its_row_comes_out_then_through_t
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "left semi: unmatched combinations wait for it" in plan, plan
     assert sorted((row[0], batches) for row, batches in on.items()) == [(1, [3]), (2, [0]), (9, [1])], on  # (the far rows match each other)
+    assert on == off
+
+
+def test_a_combination_reaching_a_semi_join_below_its_state_watermark_matches_no_row_of_that_micro_batch_like_spark(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """x SEMI z1 SEMI z2: x's day-late row arrives in batch 0 (no watermark yet) and waits for z1; z1's and z2's
+    day-late rows arrive in batch 1, when the watermark is at the first minute. The lower join lets x's row through
+    (its state held it); the upper join's state watermark rules it out, so Spark's join does not store it and z2's
+    row of the same batch does not find it: the row never comes out. Key 0's rows match in batch 0."""
+    late = BASE - datetime.timedelta(days=1)
+    at = lambda minutes: BASE + datetime.timedelta(minutes=minutes)  # noqa: E731
+    batches = {
+        "x": [[(2, 1, late, 7), (0, 1, at(10), 13)], [], [(9, 9, at(60 * 48), 0)]],
+        "z1": [[(0, 0, at(12), 1)], [(2, 2, late, 2)], [(9, 9, at(60 * 48), 0)]],
+        "z2": [[(0, 0, at(13), 1)], [(2, 1, late, 3)], [(9, 9, at(60 * 48), 0)]],
+    }
+    for name, rows in batches.items():
+        write_batches(tmp_path / name, columns(name), rows)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, [("semi", "k"), ("semi", "k")], False), {})
+
+    assert executed_plan(umjoin).count("StreamingUMJoin inputs=") == 1
+    assert sorted((row[0], batches) for row, batches in on.items()) == [(0, [0]), (9, [2])], on  # (the far rows match each other)
     assert on == off
 
 

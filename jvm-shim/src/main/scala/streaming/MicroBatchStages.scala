@@ -132,8 +132,23 @@ final case class MicroBatchJob(
   def planOf(tag: Int): Route.Plan = routes(if (isRescan(tag)) tag - kinds.size else tag)
   def isRescan(tag: Int): Boolean = tag >= kinds.size
 
-  /** Tasks in a row the routes need: one per segment of the longest; each stage's task k works on partition k of every store. */
-  val stageCount: Int = routes.values.map(_.segments.size).max
+  /** The inputs whose rows a combination of the route of `tag` holds once its first `n` inputs are probed (a semi join's binds none). */
+  def boundBy(tag: Int, n: Int): Seq[Int] = {
+    val run = planOf(tag)
+    run.route.order.take(n).filter(i => run.steps.forall(step => step.input != i || step.rule.binds))
+  }
+
+  /**
+   * Per semi join (`unmatched`'s order), the stage that settles its waiting combinations: the routes'
+   * last, and one more after each change of key (a combination one semi join lets through goes on to
+   * the next one's partition: that join's stores are partitioned by its key).
+   */
+  val settleStage: IndexedSeq[Int] = unmatched.indices.scanLeft(routes.values.map(_.segments.size).max - 1) { (stage, k) =>
+    if (k > 0 && unmatched(k).spec.partitionClass != unmatched(k - 1).spec.partitionClass) stage + 1 else stage
+  }.tail
+
+  /** Tasks in a row the routes and the semi joins' settling need; each stage's task k works on partition k of every store. */
+  val stageCount: Int = settleStage.lastOption.fold(routes.values.map(_.segments.size).max)(_ + 1)
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
@@ -272,6 +287,19 @@ private[streaming] final class StageTask(
   // the last stage, that earlier stages shipped here, or the semi join below let through): they wait for a match in
   // the last stage's store.
   private val unmatchedHere = job.unmatched.map(_.nonPreserved -> mutable.ArrayBuffer[UnsafeRow]()).toMap
+  // The semi joins (by their index in job.unmatched) this stage settles, and the combinations the ones below them let
+  // through in the stage before, each with the index of the first semi join it is tried on here.
+  private val settledHere = job.unmatched.indices.filter(job.settleStage(_) == stage)
+  private val passedOn = mutable.ArrayBuffer[(Int, UnsafeRow)]()
+  private def semiIndex(input: Int): Int = job.unmatched.indexWhere(_.nonPreserved == input)
+
+  /** Whether a shipped combination waiting for semi join input `tag` names, or passed on to it, is this stage's to settle (it is then kept). */
+  private def keptToSettle(tag: Int, row: InternalRow): Boolean = {
+    val k = semiIndex(StageTask.semiInput(tag))
+    if (StageTask.isPassedOn(tag)) passedOn += ((k, row.asInstanceOf[UnsafeRow].copy()))
+    else if (settledHere.contains(k)) unmatchedHere(job.unmatched(k).nonPreserved) += row.asInstanceOf[UnsafeRow].copy()
+    StageTask.isPassedOn(tag) || settledHere.contains(k)
+  }
 
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Int, (Route.Segment, ProbeCore)]()
@@ -321,7 +349,7 @@ private[streaming] final class StageTask(
       arriving.flatMap { shippedRow =>
         val envelope = shippedRow.asInstanceOf[UnsafeRow]
         val start = envelope.getInt(0)
-        if (StageTask.isUnmatched(start)) {
+        if (StageTask.waits(start)) {
           StageTask.pointToContent(unmatchedRow, envelope)
           Iterator.single((start, unmatchedRow))
         } else if (start == StageTask.ResultRow) {
@@ -330,7 +358,7 @@ private[streaming] final class StageTask(
         } else {
           val (segment, feed, rows) = feeds.getOrElseUpdate(start, {
             val (segment, core) = coreOf(start)
-            val feed = new StageTask.Feed(job.planOf(start).route.order.take(segment.from + 1).map(job.outputs(_).size).sum)
+            val feed = new StageTask.Feed(job.boundBy(start, segment.from + 1).map(job.outputs(_).size).sum)
             // Probing a time-sliced store is timed (T_j, with the rows its conditions test).
             val probing = job.planOf(start).steps(segment.from).input
             val probeNanos = metrics.sliceCosts.flatMap(_.probeNanos.get(probing))
@@ -361,8 +389,7 @@ private[streaming] final class StageTask(
     }
     val targets = mutable.Map[Int, UnsafeProjection]()
     def targetOf(start: Int, segment: Route.Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
-      val order = job.planOf(start).route.order
-      val bound = order.take(segment.until + 1)
+      val bound = job.boundBy(start, segment.until + 1)
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
       UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
     })
@@ -370,7 +397,7 @@ private[streaming] final class StageTask(
     val slicesOf = mutable.Map[Int, Option[(Int, SliceWindow, UnsafeProjection)]]()
     def sliceTargets(start: Int, segment: Route.Segment): Option[(Int, SliceWindow, UnsafeProjection)] = slicesOf.getOrElseUpdate(start, {
       val run = job.planOf(start)
-      val bound = run.route.order.take(segment.until + 1)
+      val bound = job.boundBy(start, segment.until + 1)
       val input = run.steps(segment.until).input
       job.slices.get(input).map { window =>
         val known = window.copy(bounds = window.bounds.filter(b => bound.contains(b.input)))
@@ -378,9 +405,24 @@ private[streaming] final class StageTask(
       }
     })
     val all = 0 until job.partitions
-    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the last stage.
-    val unmatched = () => unmatchedHere.iterator.flatMap { case (semi, rows) => rows.iterator.map(row => (partition, wrap(StageTask.unmatchedTag(semi), row))) }
+    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the stage that settles them.
+    val unmatched = () => job.unmatched.indices.filter(job.settleStage(_) > stage).iterator.flatMap { k =>
+      val semi = job.unmatched(k).nonPreserved
+      unmatchedHere(semi).iterator.map(row => (partition, wrap(StageTask.unmatchedTag(semi), row)))
+    }
+    // The semi joins settled here: their result rows go on to the last stage, the combinations they let through to the next semi join's partition.
+    val settled = () => if (settledHere.isEmpty) Iterator.empty else {
+      val (results, onward) = settleUnmatched()
+      commitUnmatched()
+      committed(unmatchedWriters.toSeq)
+      results.iterator.map(row => (partition, wrap(StageTask.ResultRow, row))) ++ onward.iterator.map { case (k, combination) =>
+        val semi = job.unmatched(k)
+        val target = UnsafeProjection.create(Seq(HashPartitioning(Seq(semi.spec.partitionKey), job.partitions).partitionIdExpression), semi.spec.output)
+        (target(combination).getInt(0), wrap(StageTask.passedOnTag(semi.nonPreserved), combination))
+      }
+    }
     val addressed = StageTask.whenDone(produced().flatMap {
+      case (tag, row) if StageTask.waits(tag) && keptToSettle(tag, row) => Iterator.empty
       // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
       case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
       case (start, row) =>
@@ -400,7 +442,7 @@ private[streaming] final class StageTask(
               (p, wrapped)
             }
         }
-    } ++ unmatched(), () => report())
+    } ++ settled() ++ unmatched(), () => report())
     // With time-sliced stores, the shuffle's writing of each combination is timed (its part of T_s).
     metrics.sliceCosts.fold(addressed) { costs =>
       new StageTask.TimedOutside[(Int, UnsafeRow)](addressed, costs.shipNanos, { case (_, row) => StageTask.continuesRoute(row.getInt(0)) })
@@ -413,25 +455,29 @@ private[streaming] final class StageTask(
    */
   def results(): Iterator[InternalRow] = {
     val rows = produced().flatMap {
-      case (tag, row) if StageTask.isUnmatched(tag) =>
-        unmatchedHere(StageTask.unmatchedInput(tag)) += row.asInstanceOf[UnsafeRow].copy()
+      case (tag, row) if StageTask.waits(tag) =>
+        assert(keptToSettle(tag, row), "a semi join's waiting combination reached the last stage, which does not settle it")
         Iterator.empty
       case (_, row) => Iterator.single(row)
     }
-    StageTask.whenDone(rows ++ settleUnmatched(), () => finish())
+    // (The last stage settles the last semi joins: nothing goes on past them.)
+    StageTask.whenDone(rows ++ (if (settledHere.isEmpty) Iterator.empty else settleUnmatched()._1.iterator), () => finish())
   }
 
   private val unmatchedWriters = mutable.ArrayBuffer[InputStateWriter]()
 
   /**
-   * The semi joins' waiting combinations in this partition, lowest join first, the ones already
-   * stored and this batch's new ones: those a new row of the join's input matches go on to the
-   * join above (they come out where none is left, or wait there where no row it stored matches);
-   * those no later row can match any more are dropped; the others wait. (The joins are on one key:
-   * their stores and waiting combinations share this partition.)
+   * The waiting combinations of the semi joins this stage settles (in this partition, lowest join
+   * first, the ones already stored and this batch's new ones): those a new row of the join's input
+   * matches go on to the join above; those no later row can match any more are dropped; the others
+   * wait. A combination going on is tried on the rows the joins above stored, up to the last this
+   * stage settles (their stores share this partition): it waits at the first none of whose rows
+   * matches, or, past them all, comes out or goes on to the next semi join's partition. Returns the
+   * result rows, and the combinations going on, each with the index of the semi join they go on to.
    */
-  private def settleUnmatched(): Iterator[InternalRow] = {
+  private def settleUnmatched(): (Seq[InternalRow], Seq[(Int, UnsafeRow)]) = {
     val out = mutable.ArrayBuffer[InternalRow]()
+    val onward = mutable.ArrayBuffer[(Int, UnsafeRow)]()
     val joined = new JoinedRow
     // Where a combination finds a match: a row of the join's input (stored or new) meeting its condition.
     def finder(u: UnmatchedSpec, rows: JoinStore): InternalRow => Boolean = {
@@ -439,39 +485,60 @@ private[streaming] final class StageTask(
       val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
       combination => rows.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
     }
-    val matchIndexes = job.unmatched.map(u => StoreIndex.single(u.spec.partitionClass))
+    def matchIndex(k: Int): StoreIndex = StoreIndex.single(job.unmatched(k).spec.partitionClass)
     // A semi join's result reads none of its non-preserved inputs' columns.
     val result = job.unmatched.headOption.map(u => UnsafeProjection.create(job.result, u.spec.output))
-    // The joins above the k-th, each tried on the rows it stored: the combination comes out, or waits for the first that none matched.
-    lazy val storedMatch = job.unmatched.zip(matchIndexes).map { case (u, ix) => finder(u, stateOf(u.nonPreserved).storeFor(ix)) }
-    def goOnAbove(k: Int, combination: InternalRow): Unit = (k + 1 until job.unmatched.size).find(a => !storedMatch(a)(combination)) match {
-      case Some(a) => unmatchedHere(job.unmatched(a).nonPreserved) += combination.asInstanceOf[UnsafeRow].copy()
-      case None => out += result.get(combination).copy()
+    val storedMatches = mutable.Map[Int, InternalRow => Boolean]()
+    def storedMatch(k: Int): InternalRow => Boolean = storedMatches.getOrElseUpdate(k, {
+      val u = job.unmatched(k)
+      finder(u, stateOf(u.nonPreserved).storeFor(matchIndex(k)))
+    })
+    /** A combination the semi joins below the `a`-th let through. */
+    def tryFrom(a: Int, combination: InternalRow): Unit = {
+      val here = (a until job.unmatched.size).takeWhile(job.settleStage(_) == stage)
+      here.find(b => !storedMatch(b)(combination)) match {
+        case Some(b) => unmatchedHere(job.unmatched(b).nonPreserved) += combination.asInstanceOf[UnsafeRow].copy()
+        case None if a + here.size < job.unmatched.size => onward += ((a + here.size, combination.asInstanceOf[UnsafeRow].copy()))
+        case None => out += result.get(combination).copy()
+      }
     }
-    job.unmatched.zipWithIndex.foreach { case (u, k) =>
+    passedOn.foreach { case (a, combination) => tryFrom(a, combination) }
+    settledHere.foreach { k =>
+      val u = job.unmatched(k)
       val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
       unmatchedWriters += writer
-      val matched = finder(u, indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndexes(k)))(matchIndexes(k)))
+      val matched = finder(u, indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndex(k)))(matchIndex(k)))
       val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
       /** Whether the combination goes: matched now (it goes on), or matched by no later row (it is dropped). */
       def goes(combination: InternalRow): Boolean =
         if (matched(combination)) {
-          goOnAbove(k, combination)
+          tryFrom(k + 1, combination)
           true
         } else if (unmatchable.exists(_.eval(combination))) {
           metrics.unmatched(u.nonPreserved).gone += 1
           true
         } else false
       metrics.removed += writer.removeWhere((_, combination) => goes(combination))
+      // A combination new to the join in this batch that its state watermark rules out: Spark's join does not store it,
+      // so no row of this batch (they probe its state) matches it; the stored ones it was tried on did not.
       unmatchedHere(u.nonPreserved).foreach { combination =>
-        if (!goes(combination)) {
+        if (unmatchable.exists(_.eval(combination))) metrics.unmatched(u.nonPreserved).gone += 1
+        else if (!goes(combination)) {
           writer.put(combination, job.nowMs)
           metrics.updated += 1
         }
       }
     }
     metrics.numOutputRows += out.size
-    out.iterator
+    (out.toSeq, onward.toSeq)
+  }
+
+  /** Commits the stores of the semi joins' waiting combinations this stage settled. */
+  private def commitUnmatched(): Unit = {
+    settledHere.zip(unmatchedWriters).foreach { case (k, writer) =>
+      writer.commit()
+      metrics.unmatched(job.unmatched(k).nonPreserved).waiting += writer.rowCount
+    }
   }
 
   private def finish(): Unit = {
@@ -535,10 +602,7 @@ private[streaming] final class StageTask(
       metrics.inputs(j).storeSize += writer.memoryBytes
       counters.foreach(_.stored(j) = writer.rowCount)
     }
-    job.unmatched.zip(unmatchedWriters).foreach { case (u, writer) =>
-      writer.commit()
-      metrics.unmatched(u.nonPreserved).waiting += writer.rowCount
-    }
+    commitUnmatched()
     committed(writers.toSeq.sortBy(_._1).map(_._2) ++ unmatchedWriters)
     report()
   }
@@ -558,10 +622,14 @@ private[streaming] object StageTask {
   // starts at input `tag` (tag >= 0, going on there), or one of these.
   /** A complete result row (it only travels to the last stage). */
   val ResultRow: Int = -1
-  /** A combination no row of semi join input `semi` matched yet (it waits in its partition for the last stage). */
-  def unmatchedTag(semi: Int): Int = -2 - semi
-  def isUnmatched(tag: Int): Boolean = tag <= -2
-  def unmatchedInput(tag: Int): Int = -2 - tag
+  /** A combination no row of semi join input `semi` matched yet (it waits in its partition for the stage that settles it). */
+  def unmatchedTag(semi: Int): Int = -2 - 2 * semi
+  /** A combination the semi joins below semi join input `semi` let through (it is tried on that join's rows in the stage that settles it). */
+  def passedOnTag(semi: Int): Int = -3 - 2 * semi
+  /** Whether the row is a combination waiting for a semi join, or passed on to one. */
+  def waits(tag: Int): Boolean = tag <= -2
+  def isPassedOn(tag: Int): Boolean = waits(tag) && (-2 - tag) % 2 == 1
+  def semiInput(tag: Int): Int = (-2 - tag) / 2
   def continuesRoute(tag: Int): Boolean = tag >= 0
 
   /**

@@ -282,7 +282,6 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       def unmatchable(o: Int, watermark: Long): Option[Expression] =
         StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, distances, watermark, checked)
       lazy val unboundedSemi = semiJoins.find { case (_, o) => unmatchable(o, 0L).isEmpty }
-      val semiKeys = semiJoins.map { case (_, o) => graph.classes.indexWhere(_.inputs.contains(o)) }.distinct
       // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
       val lateConditions = combined.flatMap { f =>
         f.streams.map { r =>
@@ -295,12 +294,6 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined }) Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
       else if (unboundedSemi.isDefined) Left(s"no watermark and condition of its ${describe(unboundedSemi.get._1)} bound when a " +
         "combination of its preserved side can no longer find a match, so none would ever be let go")
-      // (A combination one semi join lets through goes on to the next in the same partition: see StageTask.settleUnmatched.)
-      else if (semiKeys.size > 1) Left(s"its ${semiJoins.size} semi stream-stream joins are on different keys (a streaming UMJoin runs " +
-        "several on one key, their combinations waiting in that key's partitions)")
-      // (Routes and stores take the semi joins in input order: the tree's, lowest first, as Spark applies them.)
-      else if (semiJoins.map(_._2) != semiJoins.map(_._2).sorted)
-        Left("its semi stream-stream joins' streams are not in the order the joins apply (a streaming UMJoin probes them in input order)")
       else if (padding.isLeft) Left(padding.swap.toOption.get)
       else if (outerJoins.nonEmpty && checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet))) throw new IllegalStateException(checkpoint.get.refusal(
         "its outer join's waiting combinations were written by an earlier version of UMJoin, which kept them in a store this version no longer reads"))
@@ -412,7 +405,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   /**
    * The group's semi joins, lowest first, and its outer joins, each with the index of its non-preserved input, or
    * why the group cannot run them: semi joins one above the other (each reads the combinations the one
-   * below lets through), and outer joins, anywhere in the group (no join above an outer join is on its
+   * below lets through) or side by side, and outer joins, anywhere in the group (no join above an outer join is on its
    * padded columns, filters may read them: [[nonInnerJoinRefusal]]; nothing above a semi join reads its
    * non-preserved side, whose columns it does not put out); each join's non-preserved side one
    * streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
@@ -430,16 +423,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
     }
-    def below(a: SparkPlan, b: StreamingSymmetricHashJoinExec): Boolean = b.left.find(_ eq a).isDefined
-    val lowestFirst = semis.sortBy(s => semis.count(below(_, s)))
-    if (lowestFirst.zip(lowestFirst.drop(1)).exists { case (a, b) => !below(a, b) })
-      Left(s"it has ${semis.size} semi stream-stream joins side by side (a streaming UMJoin runs several only one above the other)")
-    else {
-      val found = (lowestFirst ++ outers).map(nonPreservedOf)
-      found.collectFirst { case Left(reason) => reason }.toLeft {
-        val joins = found.flatMap(_.toOption)
-        (joins.filter(_._1.joinType == LeftSemi), joins.filter(_._1.joinType != LeftSemi))
-      }
+    val found = (semis ++ outers).map(nonPreservedOf)
+    found.collectFirst { case Left(reason) => reason }.toLeft {
+      val joins = found.flatMap(_.toOption)
+      // In input order, the tree's from left to right: a semi join's non-preserved stream comes after the one of every semi join below it.
+      (joins.filter(_._1.joinType == LeftSemi).sortBy(_._2), joins.filter(_._1.joinType != LeftSemi))
     }
   }
 
