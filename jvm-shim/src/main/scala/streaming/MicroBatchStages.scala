@@ -138,17 +138,20 @@ final case class MicroBatchJob(
     run.route.order.take(n).filter(i => run.steps.forall(step => step.input != i || step.rule.binds))
   }
 
+  /** Stages the routes need: one per segment of the longest. */
+  private def routeStages: Int = routes.values.map(_.segments.size).max
+
   /**
    * Per semi join (`unmatched`'s order), the stage that settles its waiting combinations: the routes'
    * last, and one more after each change of key (a combination one semi join lets through goes on to
    * the next one's partition: that join's stores are partitioned by its key).
    */
-  val settleStage: IndexedSeq[Int] = unmatched.indices.scanLeft(routes.values.map(_.segments.size).max - 1) { (stage, k) =>
+  val settleStage: IndexedSeq[Int] = unmatched.indices.scanLeft(routeStages - 1) { (stage, k) =>
     if (k > 0 && unmatched(k).spec.partitionClass != unmatched(k - 1).spec.partitionClass) stage + 1 else stage
   }.tail
 
   /** Tasks in a row the routes and the semi joins' settling need; each stage's task k works on partition k of every store. */
-  val stageCount: Int = settleStage.lastOption.fold(routes.values.map(_.segments.size).max)(_ + 1)
+  val stageCount: Int = settleStage.lastOption.fold(routeStages)(_ + 1)
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
@@ -284,8 +287,8 @@ private[streaming] final class StageTask(
   }
 
   // Per semi join's input, new combinations of its preserved inputs that no row of it matched in this task (or, in
-  // the last stage, that earlier stages shipped here, or the semi join below let through): they wait for a match in
-  // the last stage's store.
+  // the stage that settles them, that earlier stages shipped here, or the semi join below let through): they wait for a
+  // match in the store that stage writes.
   private val unmatchedHere = job.unmatched.map(_.nonPreserved -> mutable.ArrayBuffer[UnsafeRow]()).toMap
   // The semi joins (by their index in job.unmatched) this stage settles, and the combinations the ones below them let
   // through in the stage before, each with the index of the first semi join it is tried on here.
@@ -411,14 +414,16 @@ private[streaming] final class StageTask(
       unmatchedHere(semi).iterator.map(row => (partition, wrap(StageTask.unmatchedTag(semi), row)))
     }
     // The semi joins settled here: their result rows go on to the last stage, the combinations they let through to the next semi join's partition.
+    val semiTargets = mutable.Map[Int, UnsafeProjection]()
+    def semiTargetOf(semi: UnmatchedSpec): UnsafeProjection = semiTargets.getOrElseUpdate(semi.nonPreserved,
+      UnsafeProjection.create(Seq(HashPartitioning(Seq(semi.spec.partitionKey), job.partitions).partitionIdExpression), semi.spec.output))
     val settled = () => if (settledHere.isEmpty) Iterator.empty else {
       val (results, onward) = settleUnmatched()
       commitUnmatched()
       committed(unmatchedWriters.toSeq)
       results.iterator.map(row => (partition, wrap(StageTask.ResultRow, row))) ++ onward.iterator.map { case (k, combination) =>
         val semi = job.unmatched(k)
-        val target = UnsafeProjection.create(Seq(HashPartitioning(Seq(semi.spec.partitionKey), job.partitions).partitionIdExpression), semi.spec.output)
-        (target(combination).getInt(0), wrap(StageTask.passedOnTag(semi.nonPreserved), combination))
+        (semiTargetOf(semi)(combination).getInt(0), wrap(StageTask.passedOnTag(semi.nonPreserved), combination))
       }
     }
     val addressed = StageTask.whenDone(produced().flatMap {
