@@ -1,7 +1,9 @@
 """Streaming UMJoin over any connected graph of inner equi-joins: random chains, stars, cycles and
 snowflakes of 3-6 streams over 2-4 key classes, sometimes with a static table, split at random into
 micro-batches. Each case must run as one StreamingUMJoin and give exactly the batch join of all the
-data and what Spark's own chained stream-stream joins give (UMJoin off).
+data (UMJoin off). Without watermarks, Spark's own chained stream-stream joins put out that batch join
+too, so it is the oracle here at half the cost of running them; where a watermark makes Spark's
+joins drop rows, the suites compare with them micro-batch by micro-batch (test_streaming_event_time).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def join_query(case: Case, read: Any) -> DataFrame:
     return result
 
 
-def run_case(spark: SparkSession, tmp_path: Path, case: Case, name: str, settings: dict[str, str]) -> tuple[list[tuple], list[tuple], list[tuple], str]:  # type: ignore[type-arg]
+def run_case(spark: SparkSession, tmp_path: Path, case: Case, name: str, settings: dict[str, str]) -> tuple[list[tuple], list[tuple], str]:  # type: ignore[type-arg]
     for t in case.tables:
         write_batches(tmp_path / t, case.columns(t), case.batches[t])
 
@@ -105,22 +107,21 @@ def run_case(spark: SparkSession, tmp_path: Path, case: Case, name: str, setting
         on, running = run_to_end(join_query(case, read_stream), f"{name}_on", tmp_path / "ck-on")
         plan = executed_plan(running)
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            off, _ = run_to_end(join_query(case, read_stream), f"{name}_off", tmp_path / "ck-off")
             batch = sorted_rows(join_query(case, lambda t: spark.read.parquet(str(tmp_path / t))))
-    return on, off, batch, plan
+    return on, batch, plan
 
 
 # Eight cases, two of each shape; graphs with watermarks and time ranges are test_streaming_event_time's.
 @pytest.mark.parametrize("seed", range(8))
-def test_random_join_graphs_as_streams_give_the_batch_join_and_spark_joins(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+def test_random_join_graphs_as_streams_give_the_batch_join(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     case = random_case(seed)
     settings = {"spark.sql.shuffle.partitions": str(2 + seed % 3), **(ROCKSDB if seed % 2 else {})}
     if seed % 5 == 4:  # routes chosen again between micro-batches, within what the state's layout can probe
         settings |= {"spark.umjoin.probeOrder": ["dpPick", "greedy", "selectivityFirst"][seed % 3], "spark.umjoin.dpPick.period": "1ms"}
-    on, off, batch, plan = run_case(spark, tmp_path, case, f"graph_{seed}", settings)
+    on, batch, plan = run_case(spark, tmp_path, case, f"graph_{seed}", settings)
     assert plan.count("StreamingUMJoin inputs=") == 1, plan
     assert "StreamingSymmetricHashJoin" not in plan and "BroadcastHashJoin" not in plan and "SortMergeJoin" not in plan, plan
-    assert on == batch == off, (case.shape, case.edges, case.static, len(on), len(batch), len(off))
+    assert on == batch, (case.shape, case.edges, case.static, len(on), len(batch))
 
 
 def test_the_generator_covers_every_shape_static_tables_and_several_key_classes() -> None:
