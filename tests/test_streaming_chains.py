@@ -1,10 +1,11 @@
 """Chains of outer and semi stream-stream joins as one StreamingUMJoin: a stream x (joined inner with
 y, or alone) enriched by side streams z1..zn, each LEFT OUTER joined (or RIGHT OUTER, sides swapped,
-INNER, or LEFT SEMI, above or below the others) on a key of x and a time range around x's event
-time, as Flink's MultiJoin runs enrichments. Every micro-batch must put out exactly what Spark's
+INNER, LEFT SEMI or LEFT ANTI, above or below the others) on a key of x and a time range around x's
+event time, as Flink's MultiJoin runs enrichments. Every micro-batch must put out exactly what Spark's
 chain of joins puts out in it: the matches, the NULL-padded rows (when each join's watermark rules
 out a match), the semi join's rows at their first match, and nothing Spark drops as late; across
-a restart from the checkpoint too.
+a restart from the checkpoint too. (Spark refuses a left anti join of two streams: its reference is
+the left outer join's padded rows, as Spark runs that join.)
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def near(a: str, b: str):  # type: ignore[no-untyped-def]
 def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int] = frozenset(),
                 y_after: int = 0) -> DataFrame:
     """x (inner joined with y on x_k when `with_y`), then per side (how, key): zi joined `how` ("left"
-    or "right" outer, zi on the preserved side's right, "inner", or "semi") on x's `key` ("k", "j", or "kj": both)
+    or "right" outer, zi on the preserved side's right, "inner", "semi", or "anti": a left anti join, which
+    Spark refuses between streams; with UMJoin off, the left outer join's NULL-padded rows, as Spark would run it) on x's `key` ("k", "j", or "kj": both)
     and zi_ts within 5 minutes of x_ts (a semi join also on zi_v and y's value, where y is joined). Each zi_ts loses its watermark after its join: Spark's joins above
     take one event-time column per side. Side i in `trees` is a join tree: zi joined inner with a stream ui
     on zi_j and ui_ts within 5 minutes of zi_ts, before its join with x. With `y_after` n > 0, y is joined
@@ -86,6 +88,10 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
         on = near(f"z{i}_ts", time)
         for column in ("k", "j") if key == "kj" else (key,):
             on = (F.col(f"x_{column}") == F.col(f"z{i}_{column}")) & on
+        if how == "anti":
+            umjoin_on = spark.conf.get("spark.umjoin.enabled", "true") == "true"
+            df = df.join(z, on, "left_anti") if umjoin_on else df.join(z, on, "left_outer").where(F.col(f"z{i}_k").isNull()).select(*df.columns)
+            continue
         if how == "semi":
             # Reading y keeps Spark's optimizer from pushing the semi join down to x. (Not a side joined before: Spark
             # moves the semi join below the projection that takes that side's watermark off, and then fails the query
@@ -117,7 +123,8 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
 
 
 def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int], int]:
-    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed; whether y is joined;
+    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed, one LEFT ANTI
+    on k in every fifth; whether y is joined;
     the sides that are join trees (about one in three); and, where y is joined, after how many sides (0: first;
     the sides after it timed by y's event time, so outer joins are padded by two streams' times)."""
     rng = random.Random(seed)
@@ -128,7 +135,10 @@ def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int]
     of_trees = random.Random(300 + seed)  # (generators of their own: the sides drawn above stay what they were)
     trees = frozenset(i for i in range(1, len(sides) + 1) if of_trees.random() < 0.35)
     of_y = random.Random(600 + seed)
-    return sides, with_y, trees, of_y.randint(1, len(sides) - 1) if with_y and of_y.random() < 0.6 else 0
+    y_after = of_y.randint(1, len(sides) - 1) if with_y and of_y.random() < 0.6 else 0
+    if seed % 5 == 0:  # a left anti join on k in place of one side (on j, with 3 values, it leaves few rows to the joins above)
+        sides[random.Random(908 + seed).randrange(len(sides))] = ("anti", "k")
+    return sides, with_y, trees, y_after
 
 
 # (Seed 4, a RIGHT and an INNER side with y and a join tree, left out for the suite's time: seeds 0 and 5 have those.)
@@ -143,7 +153,8 @@ def test_the_random_chains_mix_every_join_type() -> None:
     assert {"left", "right", "semi"} <= tree_sides  # a join tree on the non-preserved side of each
     assert any("semi" in k and {"left", "right"} & k for k in kinds)  # a semi join beside outer ones
     assert any("semi" not in k and {"left", "right"} & k for k in kinds)
-    assert {"left", "right", "inner", "semi"} <= set().union(*kinds)
+    assert {"left", "right", "inner", "semi", "anti"} <= set().union(*kinds)
+    assert any(sides[i - 1][0] == "anti" for sides, _, trees, _ in drawn for i in trees)  # a join tree on an anti join's right
     assert any(len(sides) >= 4 for sides in chains)
     restarted = [k for seed, k in zip(CHAIN_SEEDS, kinds) if seed % 3 == 2]
     assert any("semi" in k and {"left", "right"} & k for k in restarted) and any("semi" not in k for k in restarted)
@@ -167,7 +178,8 @@ def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_mic
     # Each join tree on a non-preserved side is cut off, its output one input of the group above; an inner side's is in the group.
     cut_off = sum(sides[i - 1][0] != "inner" for i in trees)
     assert plan.count("StreamingUMJoin inputs=") == 1 + cut_off and "StreamingSymmetricHashJoin" not in plan, (sides, trees, plan)
-    assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how in ("left", "right") for how, _ in sides), plan
+    # (A left anti join runs as the left outer join keeping its padded rows.)
+    assert plan.count("padded with NULLs once the watermark rules out a match") == sum(how in ("left", "right", "anti") for how, _ in sides), plan
     assert plan.count("left semi: unmatched combinations wait for it") == sum(how == "semi" for how, _ in sides), plan
     outer_before_y, outer_after_y = ({how for how, _ in part} & {"left", "right"} for part in (sides[:y_after], sides[y_after:]))
     if y_after and outer_before_y and outer_after_y:  # padded by x's time and by y's, each stream's rows rescanned
@@ -178,7 +190,7 @@ def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_mic
         assert sides[i - 1][0] not in ("left", "right") or any(row[names_out.index(f"u{i}_v")] is not None for row in on), (i, sides)
     padded_somewhere = [row for row in on if None in row]
     assert len(padded_somewhere) < len(on)  # some rows every join matched
-    assert padded_somewhere or any(how in ("inner", "semi") for how, _ in sides)  # (inner joins above may drop every padded row)
+    assert padded_somewhere or any(how in ("inner", "semi", "anti") for how, _ in sides)  # (inner joins above may drop every padded row)
 
 
 def compiled_classes(spark: SparkSession) -> int:
