@@ -390,11 +390,14 @@ private[streaming] final class StageTask(
       }
       if (copied) envelope.getRow.copy() else envelope.getRow
     }
+    /** The partition of a row of `attributes` whose store is partitioned by `key` (the one Spark's shuffle of that key gives it). */
+    def partitionOf(key: Expression, attributes: Seq[Attribute]): UnsafeProjection =
+      UnsafeProjection.create(Seq(HashPartitioning(Seq(key), job.partitions).partitionIdExpression), attributes)
     val targets = mutable.Map[Int, UnsafeProjection]()
     def targetOf(start: Int, segment: Route.Segment, keyClass: Int): UnsafeProjection = targets.getOrElseUpdate(start, {
       val bound = job.boundBy(start, segment.until + 1)
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
-      UnsafeProjection.create(Seq(HashPartitioning(Seq(value), job.partitions).partitionIdExpression), bound.flatMap(job.outputs))
+      partitionOf(value, bound.flatMap(job.outputs))
     })
     // Into a store spread by time slice: to the partitions of the slices the combination's time range overlaps.
     val slicesOf = mutable.Map[Int, Option[(Int, SliceWindow, UnsafeProjection)]]()
@@ -415,8 +418,8 @@ private[streaming] final class StageTask(
     }
     // The semi joins settled here: their result rows go on to the last stage, the combinations they let through to the next semi join's partition.
     val semiTargets = mutable.Map[Int, UnsafeProjection]()
-    def semiTargetOf(semi: UnmatchedSpec): UnsafeProjection = semiTargets.getOrElseUpdate(semi.nonPreserved,
-      UnsafeProjection.create(Seq(HashPartitioning(Seq(semi.spec.partitionKey), job.partitions).partitionIdExpression), semi.spec.output))
+    def semiTargetOf(semi: UnmatchedSpec): UnsafeProjection =
+      semiTargets.getOrElseUpdate(semi.nonPreserved, partitionOf(semi.spec.partitionKey, semi.spec.output))
     val settled = () => if (settledHere.isEmpty) Iterator.empty else {
       val (results, onward) = settleUnmatched()
       commitUnmatched()
