@@ -144,6 +144,7 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
         // A step that stops at its first match only notes it; the combination goes on (or not) after the loop.
         def matched: String =
           if (rule.firstMatchOnly) s"$matchedCount\n$found++;\nbreak;"
+          else if (step.firstMatchDecides) s"$matchedCount\n$anyMatch = true;\nbreak;"
           else s"""
              |$matchedCount
              |${if (rule.noMatch == StepRule.Padded) s"$anyMatch = true;" else ""}

@@ -46,11 +46,12 @@ object CompiledRoute {
    * combination none matches is handed to it instead of being dropped. A streaming UMJoin's outer
    * step pads only where no row of `padCheck` (null: none) satisfies the ON clause either (its
    * `store` holds only the rows this route may bind, `padCheck` the input's other rows) and
-   * `padNow` holds for the combination (null: always): the watermark rules out a later match.
+   * `padNow` holds for the combination (null: always): the watermark rules out a later match. With
+   * `firstMatchDecides` (see [[Route.Step]]) the first matching row ends the probe.
    */
   final class Step(val input: Int, val from: Int, val store: JoinStore, val probeKey: UnsafeProjection, condition: BasePredicate,
       costly: BasePredicate, val metrics: InputMetrics, rule: StepRule, val post: BasePredicate, val nullRow: InternalRow, val unmatched: InternalRow => Unit,
-      val padCheck: JoinStore = null, val padNow: BasePredicate = null) {
+      val padCheck: JoinStore = null, val padNow: BasePredicate = null, val firstMatchDecides: Boolean = false) {
     // The rule's answers as fields: read for every probe.
     val firstMatchOnly: Boolean = rule.firstMatchOnly
     val goesOnMatched: Boolean = rule.goesOnMatched
@@ -123,7 +124,8 @@ object CompiledRoute {
         new GenericInternalRow(outputs(step.input).size),
         if (step.rule == StepRule.Semi) unmatched.map(_(step.input, prefixes(s))).orNull else null,
         padding.filter(_ => step.rule == StepRule.Outer).map(_.check(step.input, step.index)).orNull,
-        padding.filter(_ => step.rule == StepRule.Outer).flatMap(_.now(step.input)).map(GeneratedCode.interpreted(_, prefixes(s), partition)).orNull)
+        padding.filter(_ => step.rule == StepRule.Outer).flatMap(_.now(step.input)).map(GeneratedCode.interpreted(_, prefixes(s), partition)).orNull,
+        step.firstMatchDecides)
     }.toArray
     val startCondition = if (from == 0) predicate(plan.startConditions ++ padding.flatMap(_.start), outputs(order.head)) else null
     val complete = until == plan.steps.size
@@ -292,7 +294,8 @@ final class ProbeCore(
         if (step.holds(row)) {
           step.metrics.matches += 1
           anyMatch(k) = true
-          if (step.post == null || step.post.eval(row)) {
+          if (step.firstMatchDecides) candidates(k) = null  // no other match would pass `post` either
+          else if (step.post == null || step.post.eval(row)) {
             found(k) += 1
             bound(k + 1) = row
             return true

@@ -2,7 +2,7 @@ package umjoin.spark.core.probe
 
 import scala.collection.mutable
 
-import org.apache.spark.sql.catalyst.expressions.{EqualTo, Expression}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BinaryComparison, Cast, EqualNullSafe, EqualTo, Expression, IsNull, PredicateHelper}
 
 import umjoin.spark.core.{JoinGraph, ResidualCondition}
 import umjoin.spark.core.cost.ProbeGraph
@@ -25,7 +25,7 @@ object StoreIndex {
  * it reads are bound, those that cannot fail first ([[ConditionOrder]]). So any route over any
  * indexes computes the same join.
  */
-object ProbeSteps {
+object ProbeSteps extends PredicateHelper {
 
   /** Pairs of inputs sharing a key class: the edges probe routes may take (none from a filter, which binds no key). */
   def graph(joinGraph: JoinGraph): ProbeGraph = ProbeGraph(joinGraph.numInputs,
@@ -98,8 +98,30 @@ object ProbeSteps {
       val probeKeys = index.classes.map(c => valueFor(to, c).get)
       val (conditions, after) = bind(to, index.classes, bound)
       bound += to
-      Route.Step(to, from, index, probeKeys, conditions, joinGraph.stepRule(to), after)
+      val firstMatchDecides = joinGraph.outer.contains(to) && after.exists(failsOnEveryMatch(_, index.classes.flatMap(c => classes(c).keyOf(to)), conditions))
+      Route.Step(to, from, index, probeKeys, conditions, joinGraph.stepRule(to), after, firstMatchDecides = firstMatchDecides)
     }
     Route.Plan(route, startConditions, steps)
+  }
+
+  /**
+   * Whether `post`, a condition after an outer input's ON clause, fails for every row that clause
+   * matches: it is `IS NULL` of a column a match makes non-NULL, the input's key in a class it is
+   * probed by (a NULL key matches nothing) or a column an ON conjunct compares (not null-safe).
+   */
+  private def failsOnEveryMatch(post: Expression, probedKeys: Seq[Expression], on: Seq[Expression]): Boolean = {
+    def column(e: Expression): Option[Attribute] = e match {
+      case a: Attribute => Some(a)
+      case c: Cast => column(c.child)  // a cast is NULL where its input is
+      case _ => None
+    }
+    lazy val nonNull = probedKeys.flatMap(column) ++ on.flatMap(splitConjunctivePredicates).flatMap {
+      case c: BinaryComparison if !c.isInstanceOf[EqualNullSafe] => column(c.left).toSeq ++ column(c.right)
+      case _ => Nil
+    }
+    post match {
+      case IsNull(a: Attribute) => nonNull.exists(_.semanticEquals(a))
+      case _ => false
+    }
   }
 }

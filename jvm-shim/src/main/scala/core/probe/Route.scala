@@ -34,10 +34,13 @@ object Route {
    * bound. `from` is the route's edge source, which the statistics are kept for. `rule` says what a
    * match and its absence do ([[StepRule]]). For an outer step, `conditions` are its ON clause's,
    * which decide what matches, and `postConditions` the others that become complete with this
-   * input, checked on the bound row, NULL-padded or not.
+   * input, checked on the bound row, NULL-padded or not. `firstMatchDecides`: the post conditions
+   * fail for every matching row (a left anti join of two streams, run as a left outer join keeping
+   * the padded rows), so the probe stops at the first match.
    */
   final case class Step(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
-      rule: StepRule = StepRule.InnerStep, postConditions: Seq[Expression] = Nil, reach: Reach = Reach.Local)
+      rule: StepRule = StepRule.InnerStep, postConditions: Seq[Expression] = Nil, reach: Reach = Reach.Local,
+      firstMatchDecides: Boolean = false)
 
   /** Steps [from, until) of a route, run in one task; then the combinations move by `next` (None: they are complete rows). */
   final case class Segment(from: Int, until: Int, next: Option[Reach])
