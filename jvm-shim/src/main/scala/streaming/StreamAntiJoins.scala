@@ -1,12 +1,13 @@
 package umjoin.spark.streaming
 
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, BinaryComparison, Cast, EqualNullSafe, Expression, IsNull, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeSet, Expression, IsNull}
 import org.apache.spark.sql.catalyst.plans.{LeftAnti, LeftOuter}
 import org.apache.spark.sql.catalyst.plans.logical.{Filter, Join, LogicalPlan, Project}
 import org.apache.spark.sql.catalyst.rules.Rule
 
 import umjoin.spark.UMJoinConf
+import umjoin.spark.core.probe.ProbeSteps
 
 /**
  * Lets a LEFT ANTI join of two streams run, which Spark refuses ("LeftAnti joins with a streaming
@@ -18,7 +19,7 @@ import umjoin.spark.UMJoinConf
  * where padded, never NULL where matched. An analyzer rule, because Spark's check of streaming
  * operations reads the analyzed plan; only with `spark.umjoin.enabled`.
  */
-object StreamAntiJoins extends Rule[LogicalPlan] with PredicateHelper {
+object StreamAntiJoins extends Rule[LogicalPlan] {
   override def apply(plan: LogicalPlan): LogicalPlan =
     if (!plan.isStreaming || !UMJoinConf.Enabled(key => Option(conf.getConfString(key, null)))) plan
     else plan.transformUp {
@@ -35,17 +36,8 @@ object StreamAntiJoins extends Rule[LogicalPlan] with PredicateHelper {
     }
 
   /** A right-side column a conjunct of `condition` compares (not null-safe): never NULL in a matched row. */
-  private def matchedMarker(condition: Expression, right: AttributeSet): Option[Attribute] = {
-    def column(e: Expression): Option[Attribute] = e match {
-      case a: Attribute if right.contains(a) => Some(a)
-      case c: Cast => column(c.child)
-      case _ => None
-    }
-    val compared = splitConjunctivePredicates(condition).collect {
-      case c: BinaryComparison if !c.isInstanceOf[EqualNullSafe] => column(c.left).orElse(column(c.right))
-    }.flatten
-    compared.headOption
-  }
+  private def matchedMarker(condition: Expression, right: AttributeSet): Option[Attribute] =
+    ProbeSteps.comparedColumns(condition).find(right.contains)
 
   private def refusal(condition: Expression, missing: String): UnsupportedOperationException =
     new UnsupportedOperationException(s"UMJoin cannot run the LEFT ANTI join of two streams ON ${condition.sql}: it has $missing. " +

@@ -109,19 +109,20 @@ object ProbeSteps extends PredicateHelper {
    * matches: it is `IS NULL` of a column a match makes non-NULL, the input's key in a class it is
    * probed by (a NULL key matches nothing) or a column an ON conjunct compares (not null-safe).
    */
-  private def failsOnEveryMatch(post: Expression, probedKeys: Seq[Expression], on: Seq[Expression]): Boolean = {
-    def column(e: Expression): Option[Attribute] = e match {
-      case a: Attribute => Some(a)
-      case c: Cast => column(c.child)  // a cast is NULL where its input is
-      case _ => None
-    }
-    lazy val nonNull = probedKeys.flatMap(column) ++ on.flatMap(splitConjunctivePredicates).flatMap {
-      case c: BinaryComparison if !c.isInstanceOf[EqualNullSafe] => column(c.left).toSeq ++ column(c.right)
-      case _ => Nil
-    }
-    post match {
-      case IsNull(a: Attribute) => nonNull.exists(_.semanticEquals(a))
-      case _ => false
-    }
+  private def failsOnEveryMatch(post: Expression, probedKeys: Seq[Expression], on: Seq[Expression]): Boolean = post match {
+    case IsNull(a: Attribute) => (probedKeys.flatMap(column) ++ on.flatMap(comparedColumns)).exists(_.semanticEquals(a))
+    case _ => false
+  }
+
+  /** The columns a conjunct of `condition` compares (not null-safe), directly or cast: none is NULL where `condition` holds. */
+  def comparedColumns(condition: Expression): Seq[Attribute] = splitConjunctivePredicates(condition).flatMap {
+    case c: BinaryComparison if !c.isInstanceOf[EqualNullSafe] => column(c.left).toSeq ++ column(c.right)
+    case _ => Nil
+  }
+
+  private def column(e: Expression): Option[Attribute] = e match {
+    case a: Attribute => Some(a)
+    case c: Cast => column(c.child)  // a cast is NULL where its input is
+    case _ => None
   }
 }
