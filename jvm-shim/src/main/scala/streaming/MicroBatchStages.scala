@@ -296,12 +296,15 @@ private[streaming] final class StageTask(
   private val passedOn = mutable.ArrayBuffer[(Int, UnsafeRow)]()
   private def semiIndex(input: Int): Int = job.unmatched.indexWhere(_.nonPreserved == input)
 
-  /** Whether a shipped combination waiting for semi join input `tag` names, or passed on to it, is this stage's to settle (it is then kept). */
-  private def keptToSettle(tag: Int, row: InternalRow): Boolean = {
+  /** Whether a shipped combination waiting for semi join input `tag` names, or passed on to it, is this stage's to settle. */
+  private def settlesHere(tag: Int): Boolean =
+    StageTask.isPassedOn(tag) || settledHere.contains(semiIndex(StageTask.semiInput(tag)))
+
+  /** Keeps a combination this stage settles (see [[settlesHere]]) until it settles its semi join. */
+  private def keepToSettle(tag: Int, row: InternalRow): Unit = {
     val k = semiIndex(StageTask.semiInput(tag))
-    if (StageTask.isPassedOn(tag)) passedOn += ((k, row.asInstanceOf[UnsafeRow].copy()))
-    else if (settledHere.contains(k)) unmatchedHere(job.unmatched(k).nonPreserved) += row.asInstanceOf[UnsafeRow].copy()
-    StageTask.isPassedOn(tag) || settledHere.contains(k)
+    val kept = row.asInstanceOf[UnsafeRow].copy()
+    if (StageTask.isPassedOn(tag)) passedOn += ((k, kept)) else unmatchedHere(job.unmatched(k).nonPreserved) += kept
   }
 
   /** This stage's part of each route, ready to run (compiled when first used). */
@@ -430,7 +433,9 @@ private[streaming] final class StageTask(
       }
     }
     val addressed = StageTask.whenDone(produced().flatMap {
-      case (tag, row) if StageTask.waits(tag) && keptToSettle(tag, row) => Iterator.empty
+      case (tag, row) if StageTask.waits(tag) && settlesHere(tag) =>
+        keepToSettle(tag, row)
+        Iterator.empty
       // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
       case (tag, row) if !StageTask.continuesRoute(tag) => Iterator.single((partition, wrap(tag, row)))
       case (start, row) =>
@@ -464,7 +469,8 @@ private[streaming] final class StageTask(
   def results(): Iterator[InternalRow] = {
     val rows = produced().flatMap {
       case (tag, row) if StageTask.waits(tag) =>
-        assert(keptToSettle(tag, row), "a semi join's waiting combination reached the last stage, which does not settle it")
+        if (!settlesHere(tag)) throw new IllegalStateException("UMJoin: a semi join's waiting combination reached the last stage, which does not settle it")
+        keepToSettle(tag, row)
         Iterator.empty
       case (_, row) => Iterator.single(row)
     }
