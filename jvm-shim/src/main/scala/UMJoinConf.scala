@@ -149,7 +149,7 @@ object UMJoinConf {
     "streaming: where a task's partition of a stream's stored rows holds at most this many (as committed by the " +
       "previous micro-batch on the same executor), the task reads them into memory once per micro-batch and probes " +
       "them there instead of the state store (`0`: never). A hash lookup costs less than a seek in RocksDB, but the " +
-      "copies take memory beside the state store's: off by default, so that UMJoin's memory stays below Spark's joins'")
+      "copies take memory beside the state store's: off by default, since Spark's joins keep no such copies")
   val StaticTables: Setting[Boolean] = Setting.choice("spark.umjoin.staticTables", "store", Map("store" -> true, "reread" -> false),
     "streaming: a static table too big to broadcast, read from files, is `store`d in the StreamingUMJoin's state " +
       "(loaded when the query starts and when the table changes; see [Static tables](docs/streaming.md#static-tables-in-a-streaming-join)) " +
