@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -323,12 +324,16 @@ def test_an_adaptive_order_keeps_recorded_routes_where_multi_key_indexes_leave_n
 
 
 def test_the_layout_is_chosen_from_the_first_micro_batch_as_measured(spark: SparkSession, tmp_path: Path) -> None:
-    """The probe-cost model's figures are the first micro-batch's rows after filters and its key values; where
-    an input keeps state of its own (a deduplication) it is not run twice, and Spark's plan estimates serve."""
+    """The probe-cost model's figures are the first micro-batch's rows after filters and its key values, counted
+    by tasks that carry the session's SQL settings as the query's own do; where an input keeps state of its own
+    (a deduplication) it is not run twice, and Spark's plan estimates serve."""
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT", [[(i % 4, i % 3, 100 * b + i) for i in range(12)] for b in range(2)])
     frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT") for n in "xyz"}
-    frames["z"] = frames["z"].where("z_v < 3")  # keeps 3 of the first batch's 12 rows
+
+    def below_three_with_the_session_settings(v: int) -> bool:  # z_v < 3, in a task given the session's settings
+        return v < 3 and TaskContext.get().getLocalProperty("spark.sql.shuffle.partitions") == "3"
+    frames["z"] = frames["z"].where(F.udf(below_three_with_the_session_settings, "boolean")("z_v"))  # keeps 3 of the first batch's 12 rows
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         rows, query = run_to_end(chain(frames), "measured_layout", tmp_path / "ck")
         (line,) = [l for l in executed_plan(query).splitlines() if "StreamingUMJoin inputs=" in l]

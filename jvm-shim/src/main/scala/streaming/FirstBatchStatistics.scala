@@ -5,7 +5,7 @@ import scala.util.control.NonFatal
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.{BindReferences, Expression, GenericInternalRow}
 import org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
-import org.apache.spark.sql.execution.{ApplyColumnarRulesAndInsertTransitions, SparkPlan}
+import org.apache.spark.sql.execution.{ApplyColumnarRulesAndInsertTransitions, SQLExecution, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec, StatefulOperator}
 
 import umjoin.spark.core.JoinGraph
@@ -41,7 +41,7 @@ object FirstBatchStatistics extends Logging {
       val runnable = ApplyColumnarRulesAndInsertTransitions(Nil, false)(copy)
       val bound = keys.map(BindReferences.bindReference(_, runnable.output))
       val sketch = new HyperLogLogPlusPlusHelper(RelativeError)
-      val perPartition = runnable.execute().mapPartitions { rows =>
+      def counted = runnable.execute().mapPartitions { rows =>
         val buffers = bound.map(_ => new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
         var count = 0L
         rows.foreach { row =>
@@ -53,6 +53,10 @@ object FirstBatchStatistics extends Logging {
         }
         Iterator.single((count, buffers))
       }.collect()
+      // Its tasks read the session's SQL settings, as the query's own tasks do (without them they would see
+      // Spark's defaults: another time zone; and the first code generated in the JVM would size Spark's code
+      // cache at its default, whatever spark.sql.codegen.cache.maxEntries says).
+      val perPartition = Option(input.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
       val merged = bound.map(_ => new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
       perPartition.foreach { case (_, buffers) => merged.zip(buffers).foreach { case (into, from) => sketch.merge(into, from, 0, 0) } }
       Some(MeasuredInput(perPartition.map(_._1).sum, merged.map(sketch.query(_, 0))))
