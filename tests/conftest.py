@@ -26,10 +26,15 @@ def session_builder() -> SparkSession.Builder:
     The whole suite runs in it, hundreds of queries with broadcasts. Spark frees a finished query's
     broadcast blocks only once a garbage collection has found its broadcast unreachable; in one run the
     heap held 2.7 GB after a full collection (1.1 GB once Spark's cleaner had run) and a TPC-DS
-    query's broadcast failed for want of memory. A collection every minute keeps that bounded."""
+    query's broadcast failed for want of memory. A collection every minute keeps that bounded.
+
+    Spark's cache of generated classes holds 2000 instead of 100: one streaming test, UMJoin's run and
+    Spark's chained joins' beside it, generates several hundred, and with 100 each micro-batch compiled
+    again what the one before had (a random chain's test took 1.4x as long)."""
     from bench import with_testkit  # (imported here: scripts that import this module run without the clone on their path)
 
-    return with_testkit(local_builder("umjoin-tests", driver_memory="3g")).config("spark.cleaner.periodicGC.interval", "1min")
+    return (with_testkit(local_builder("umjoin-tests", driver_memory="3g")).config("spark.cleaner.periodicGC.interval", "1min")
+            .config("spark.sql.codegen.cache.maxEntries", "2000"))
 
 
 def use_nio_local_file_system(session: SparkSession) -> None:
