@@ -53,9 +53,9 @@ object FirstBatchStatistics extends Logging {
         }
         Iterator.single((count, buffers))
       }.collect()
-      // Its tasks read the session's SQL settings, as the query's own tasks do (without them they would see
-      // Spark's defaults: another time zone; and the first code generated in the JVM would size Spark's code
-      // cache at its default, whatever spark.sql.codegen.cache.maxEntries says).
+      // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task sees Spark's
+      // defaults for what it reads as it runs, code generation's settings among them: the first code generated
+      // in the JVM sized Spark's code cache at its default, whatever spark.sql.codegen.cache.maxEntries said.
       val perPartition = Option(input.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
       val merged = bound.map(_ => new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
       perPartition.foreach { case (_, buffers) => merged.zip(buffers).foreach { case (into, from) => sketch.merge(into, from, 0, 0) } }
