@@ -51,11 +51,17 @@ def chain(name: str) -> list[tuple[str, str, int]]:
 def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
     """Orders and all side streams at `sf`, as Parquet (Spark) and CSV (Flink) files, one per event-time window (once)."""
     from umjoin import tpch
+    from umjoin.datadir import generating
 
     source = tpch.generate(sf, root)
     target = source / f"enrichment-{batches}-v3"
-    if (target / _COMPLETE).exists():
-        return target
+    with generating(target):
+        if not (target / _COMPLETE).exists():
+            _write_stream_files(source, target, batches)
+    return target
+
+
+def _write_stream_files(source: Path, target: Path, batches: int) -> None:
     import duckdb
 
     con = duckdb.connect()
@@ -91,7 +97,6 @@ def stream_files(sf: float, batches: int, root: Path | None = None) -> Path:
             os.utime(sentinel, (1_000_000 + batches, 1_000_000 + batches))
     con.close()
     (target / _COMPLETE).write_text("ok\n")
-    return target
 
 
 def _key(name: str) -> str:

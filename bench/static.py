@@ -43,25 +43,27 @@ def skewed_orders(sf: float, batches: int, skew: float, seed: int = 42) -> Path:
     import duckdb
 
     from umjoin import tpch
+    from umjoin.datadir import generating
     from umjoin.streams import split_into_batches
 
     source = tpch.generate(sf)
     target = source / f"static-bench-{batches}-zipf{skew:g}-seed{seed}"
-    if not (target / "_COMPLETE").exists():
-        con = duckdb.connect()
-        con.execute(f"SELECT setseed({1 / (seed + 1)})")
-        # Customers ranked in a random order; rank r has weight r^-skew; cum_before is the CDF below it.
-        con.execute(f"""CREATE TABLE cdf AS
-            WITH ranked AS (SELECT c_custkey, row_number() OVER (ORDER BY hash(c_custkey + {seed})) AS r FROM '{source / "customer.parquet"}'),
-                 weighted AS (SELECT c_custkey, r, pow(r, -{skew}) AS w FROM ranked)
-            SELECT c_custkey, (sum(w) OVER (ORDER BY r) - w) / sum(w) OVER () AS cum_before FROM weighted""")
-        con.execute(f"""CREATE TABLE drawn AS SELECT o.* REPLACE (c.c_custkey AS o_custkey)
-            FROM (SELECT *, random() AS u FROM '{source / "orders.parquet"}') o ASOF JOIN cdf c ON o.u >= c.cum_before""")
-        con.execute(f"COPY (SELECT * EXCLUDE (u) FROM drawn) TO '{target.parent / f'{target.name}.parquet'}' (FORMAT parquet)")
-        con.close()
-        split_into_batches(target.parent / f"{target.name}.parquet", target / "orders", batches, seed)
-        (target.parent / f"{target.name}.parquet").unlink()
-        (target / "_COMPLETE").write_text("ok\n")
+    with generating(target):
+        if not (target / "_COMPLETE").exists():
+            con = duckdb.connect()
+            con.execute(f"SELECT setseed({1 / (seed + 1)})")
+            # Customers ranked in a random order; rank r has weight r^-skew; cum_before is the CDF below it.
+            con.execute(f"""CREATE TABLE cdf AS
+                WITH ranked AS (SELECT c_custkey, row_number() OVER (ORDER BY hash(c_custkey + {seed})) AS r FROM '{source / "customer.parquet"}'),
+                     weighted AS (SELECT c_custkey, r, pow(r, -{skew}) AS w FROM ranked)
+                SELECT c_custkey, (sum(w) OVER (ORDER BY r) - w) / sum(w) OVER () AS cum_before FROM weighted""")
+            con.execute(f"""CREATE TABLE drawn AS SELECT o.* REPLACE (c.c_custkey AS o_custkey)
+                FROM (SELECT *, random() AS u FROM '{source / "orders.parquet"}') o ASOF JOIN cdf c ON o.u >= c.cum_before""")
+            con.execute(f"COPY (SELECT * EXCLUDE (u) FROM drawn) TO '{target.parent / f'{target.name}.parquet'}' (FORMAT parquet)")
+            con.close()
+            split_into_batches(target.parent / f"{target.name}.parquet", target / "orders", batches, seed)
+            (target.parent / f"{target.name}.parquet").unlink()
+            (target / "_COMPLETE").write_text("ok\n")
     return target
 
 

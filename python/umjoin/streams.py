@@ -18,6 +18,7 @@ from sqlglot import exp
 from sqlglot.optimizer.scope import traverse_scope
 
 from umjoin import tpch
+from umjoin.datadir import generating
 
 __all__ = ["PAPER_QUERIES", "join_block", "read_streams", "split_into_batches", "tpch_streams"]
 
@@ -68,10 +69,11 @@ def tpch_streams(sf: float, batches: int, seed: int = 42, root: Path | None = No
     """Every TPC-H table at ``sf`` cut into ``batches`` stream files (once; later calls reuse them)."""
     source = tpch.generate(sf, root)
     target = source / f"streams-{batches}-seed{seed}"
-    if not (target / _COMPLETE).exists():
-        for table in tpch.TABLES:
-            split_into_batches(source / f"{table}.parquet", target / table, batches, seed)
-        (target / _COMPLETE).write_text("ok\n")
+    with generating(target):
+        if not (target / _COMPLETE).exists():
+            for table in tpch.TABLES:
+                split_into_batches(source / f"{table}.parquet", target / table, batches, seed)
+            (target / _COMPLETE).write_text("ok\n")
     return target
 
 

@@ -8,7 +8,7 @@ import duckdb
 import duckdb_extension_tpcds
 from pyspark.sql import SparkSession
 
-from umjoin.datadir import data_root
+from umjoin.datadir import data_root, generating
 
 __all__ = ["FOUR_WAY_QUERY", "FOUR_WAY_ROWS_SF1", "FOUR_WAY_TABLES", "TABLES", "generate", "query_text", "register"]
 
@@ -52,15 +52,16 @@ def query_text(number: int) -> str:
 def generate(sf: float, tables: tuple[str, ...] = FOUR_WAY_TABLES, root: Path | None = None) -> Path:
     """Generates TPC-DS at ``sf`` with ``CALL dsdgen`` and writes ``tables`` as Parquet (once)."""
     target = (root or data_root()) / "tpcds" / f"sf{sf:g}"
-    if (target / _COMPLETE).is_file() and all((target / f"{t}.parquet").exists() for t in tables):
+    with generating(target):
+        if (target / _COMPLETE).is_file() and all((target / f"{t}.parquet").exists() for t in tables):
+            return target
+        target.mkdir(parents=True, exist_ok=True)
+        con = _connect_with_extension()
+        con.execute(f"CALL dsdgen(sf={sf})")
+        for table in tables:
+            con.execute(f"COPY {table} TO '{target / (table + '.parquet')}' (FORMAT parquet)")
+        (target / _COMPLETE).write_text(f"TPC-DS sf={sf} tables {', '.join(tables)}\n")
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    con = _connect_with_extension()
-    con.execute(f"CALL dsdgen(sf={sf})")
-    for table in tables:
-        con.execute(f"COPY {table} TO '{target / (table + '.parquet')}' (FORMAT parquet)")
-    (target / _COMPLETE).write_text(f"TPC-DS sf={sf} tables {', '.join(tables)}\n")
-    return target
 
 
 def register(spark: SparkSession, directory: Path, tables: tuple[str, ...] = FOUR_WAY_TABLES) -> None:
