@@ -54,17 +54,9 @@ TIME_TARGET = 1.0
 def tpcds_stream_files(sf: float, batches: int, seed: int = 42) -> Path:
     """The 4-way join's tables, each cut into `batches` files of its rows in a seeded random order."""
     from umjoin import tpcds
-    from umjoin.datadir import generating
-    from umjoin.streams import split_into_batches
+    from umjoin.streams import cut_into_streams
 
-    source = tpcds.generate(sf)
-    target = source / f"streams-{batches}-seed{seed}"
-    with generating(target):
-        if not (target / "_COMPLETE").exists():
-            for table in tpcds.FOUR_WAY_TABLES:
-                split_into_batches(source / f"{table}.parquet", target / table, batches, seed)
-            (target / "_COMPLETE").write_text("ok\n")
-    return target
+    return cut_into_streams(tpcds.generate(sf), tpcds.FOUR_WAY_TABLES, batches, seed)
 
 
 def _streaming_query(spark: Any, spec: dict[str, Any]) -> Any:

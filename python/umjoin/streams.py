@@ -20,7 +20,7 @@ from sqlglot.optimizer.scope import traverse_scope
 from umjoin import tpch
 from umjoin.datadir import generating
 
-__all__ = ["PAPER_QUERIES", "join_block", "read_streams", "split_into_batches", "tpch_streams"]
+__all__ = ["PAPER_QUERIES", "cut_into_streams", "join_block", "read_streams", "split_into_batches", "tpch_streams"]
 
 #: The TPC-H queries of paper 000's Table 3.
 PAPER_QUERIES = (2, 3, 5, 7, 8, 9, 10, 11, 15, 18, 21)
@@ -67,11 +67,16 @@ def split_into_batches(source: Path, target: Path, batches: int, seed: int) -> N
 
 def tpch_streams(sf: float, batches: int, seed: int = 42, root: Path | None = None) -> Path:
     """Every TPC-H table at ``sf`` cut into ``batches`` stream files (once; later calls reuse them)."""
-    source = tpch.generate(sf, root)
+    return cut_into_streams(tpch.generate(sf, root), tpch.TABLES, batches, seed)
+
+
+def cut_into_streams(source: Path, tables: tuple[str, ...], batches: int, seed: int = 42) -> Path:
+    """Each of ``tables`` (``<table>.parquet`` in ``source``) cut into ``batches`` stream files, under
+    ``source`` (once, under the data directory's lock; later calls reuse them)."""
     target = source / f"streams-{batches}-seed{seed}"
     with generating(target):
         if not (target / _COMPLETE).exists():
-            for table in tpch.TABLES:
+            for table in tables:
                 split_into_batches(source / f"{table}.parquet", target / table, batches, seed)
             (target / _COMPLETE).write_text("ok\n")
     return target
