@@ -40,12 +40,13 @@ _BETWEEN = {"SortExec", "ProjectExec", "FilterExec", "ShuffleQueryStageExec", "A
 
 def join_work(plan: plans.PlanNode) -> dict[str, float]:
     """What the executed `plan`'s joins cost beyond reading their inputs: MB of intermediate (already
-    joined) results shuffled into a join, and seconds of task time sorting for joins."""
-    shuffled = sort_ms = 0
+    joined) results shuffled into a join, and the sorts for joins (how many, and their task time)."""
+    shuffled = sort_ms = sorts = 0
 
     def visit(node: plans.PlanNode, feeds_join: bool) -> None:
-        nonlocal shuffled, sort_ms
+        nonlocal shuffled, sort_ms, sorts
         if feeds_join and node.name == "SortExec":
+            sorts += 1
             sort_ms += node.metrics.get("sort time", 0)
         if feeds_join and node.name == "ShuffleExchangeExec" and any(n.name in _JOINS for n in node.children[0].walk()):
             shuffled += node.metrics.get("data size", 0)
@@ -53,7 +54,7 @@ def join_work(plan: plans.PlanNode) -> dict[str, float]:
             visit(child, node.name in _JOINS or (feeds_join and node.name in _BETWEEN))
 
     visit(plan, False)
-    return {"intermediate_shuffled_mb": shuffled / 1e6, "join_sort_s": sort_ms / 1e3}
+    return {"intermediate_shuffled_mb": shuffled / 1e6, "join_sorts": sorts, "join_sort_s": sort_ms / 1e3}
 
 
 def _timed(spark: SparkSession, sql: str, enabled: bool) -> tuple[float, list[tuple], dict[str, float]]:  # type: ignore[type-arg]

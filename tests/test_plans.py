@@ -71,7 +71,7 @@ def test_render_hides_codegen_wrappers(spark: SparkSession, tpch_data: Path) -> 
 def test_bench_join_work_counts_the_joined_rows_spark_shuffles_and_sorts_and_umjoin_does_not(spark: SparkSession, tpch_data: Path) -> None:
     """Q5 without broadcasts: Spark's sort-merge joins shuffle and sort what the joins below produced;
     with UMJoin, Spark's joins of customer, orders and lineitem stay (no key class fits all) and the rest is one
-    UMJoin, which shuffles less of it and sorts less."""
+    UMJoin, which shuffles less of it and sorts less often (counted: the sorts' time depends on the machine's load)."""
     from bench.tpch import join_work
 
     def work(enabled: bool) -> dict[str, float]:
@@ -83,4 +83,4 @@ def test_bench_join_work_counts_the_joined_rows_spark_shuffles_and_sorts_and_umj
 
     off, on = work(False), work(True)
     assert off["intermediate_shuffled_mb"] > on["intermediate_shuffled_mb"] >= 0
-    assert off["join_sort_s"] > on["join_sort_s"] >= 0
+    assert off["join_sorts"] > on["join_sorts"] >= 0
