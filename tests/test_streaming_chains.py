@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from test_static_stores import umjoin_metric
-from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming import ROCKSDB, executed_plan, sorted_rows, stream, write_batches
 from test_streaming_outer import hold_back_second_half, run_by_batch
 from umjoin.local import temporary_conf
 
@@ -219,6 +219,55 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
     assert any(row[4] is not None and row[-4] is None for row in on)  # matched by z1, padded for z9
     batches = len(umjoin.recentProgress)
     assert compiled < 100 * batches, (compiled, batches)
+
+
+def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_compile_no_code(spark: SparkSession, tmp_path: Path) -> None:
+    """x LEFT JOIN z1 LEFT JOIN z2 over 8 micro-batches of 10 minutes of event time each, each with a row a day late per
+    stream: later batches drop those rows, evict stored rows and pad combinations, as the ones before them did, with
+    the watermark the batch brings. What holds the watermark is interpreted, or read from the generated code's
+    references: written into the code, it made new code to compile in every batch (11 classes here)."""
+    rng = random.Random(7)
+    names = ["x", "z1", "z2"]
+    for name in names:
+        batches = []
+        for b in range(8):
+            start = BASE + datetime.timedelta(minutes=10 * b)
+            rows = [(rng.randrange(4), rng.randrange(3), start + datetime.timedelta(minutes=rng.uniform(0, 10)), rng.randrange(100))
+                    for _ in range(6)]
+            batches.append([*rows, (rng.randrange(4), 0, BASE - datetime.timedelta(days=1), 0)])
+        write_batches(tmp_path / name, columns(name), batches)
+
+    def query() -> DataFrame:
+        return chain_query(spark, tmp_path, [("left", "k"), ("left", "k")], False)
+
+    compiled_after: list[int] = []
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        # (The batch id as a partition directory: as a literal column it would be new code in every batch.)
+        batch.write.parquet(str(tmp_path / "out-on" / f"batch_id={batch_id}"))
+        compiled_after.append(compiled_classes(spark))
+
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
+        umjoin = query().writeStream.foreachBatch(write).option("checkpointLocation", str(tmp_path / "ck-on")).trigger(availableNow=True).start()
+        umjoin.awaitTermination()
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+    on: dict[tuple, list[int]] = {}  # type: ignore[type-arg]
+    for row in sorted_rows(spark.read.parquet(str(tmp_path / "out-on"))):
+        on.setdefault(tuple(row[:-1]), []).append(row[-1])
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert on == off
+    progress = umjoin.recentProgress
+    assert [p["numInputRows"] for p in progress] == [21] * 8 + [0]  # and a last batch for the watermark
+    later = range(1, 8)  # the data's batches after the first
+    assert [progress[b]["stateOperators"][0]["numRowsDroppedByWatermark"] for b in later] == [0] + [3] * 6
+    assert all(progress[b]["stateOperators"][0]["numRowsRemoved"] > 0 for b in range(3, 8)), [p["stateOperators"] for p in progress]
+    padded = {b for row, batches in on.items() if row[-4] is None for b in batches}
+    assert {5, 6, 7} <= padded, padded
+    # The first batch compiles the routes; the later ones run the same code again (the last batch, the watermark's, also rescans).
+    assert [compiled_after[b] - compiled_after[b - 1] for b in later] == [0] * 7, compiled_after
 
 
 def test_an_outer_join_whose_on_clause_reads_another_outer_joins_stream_is_a_group_of_its_own(spark: SparkSession, tmp_path: Path) -> None:

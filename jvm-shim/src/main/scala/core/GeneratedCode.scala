@@ -21,8 +21,9 @@ object GeneratedCode {
   private final case class Key(kind: String, bound: Seq[Expression])
 
   private val free = new ConcurrentHashMap[Key, ConcurrentLinkedQueue[AnyRef]]()
-  // Expressions holding a micro-batch's watermark change every batch: the pool forgets everything now and then, so
-  // that it pins few generated classes (a 10-way chain's routes need about 500 keys).
+  // Conditions holding a micro-batch's watermark are interpreted (below), not pooled; should other expressions change
+  // from batch to batch, the pool forgets everything now and then, so that it pins few generated classes (a 10-way
+  // chain's routes need about 500 keys).
   private val MaxKeys = 1024
 
   /** `condition` over `input`, initialized for `partition`. */
@@ -35,8 +36,9 @@ object GeneratedCode {
 
   /**
    * `condition` over `input`, evaluated without generated code: for a condition that holds a
-   * micro-batch's watermark, one per step of every route (an outer step's padding), which would be
-   * new code to compile in every batch and is evaluated only for the combinations none matches.
+   * micro-batch's watermark (late rows, stored rows to evict, an outer step's padding, a rescan's
+   * conditions), which would be new code to compile in every batch and a new key in the pool above.
+   * Each is a few comparisons.
    */
   def interpreted(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
     val p = Predicate.createInterpreted(BindReferences.bindReference(condition, input))

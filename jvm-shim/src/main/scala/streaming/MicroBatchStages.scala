@@ -7,7 +7,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, BindReferences, BoundReference, Expression, JoinedRow, Not, Or, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BindReferences, BoundReference, Expression, JoinedRow, Not, Or, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
@@ -215,7 +215,7 @@ private[streaming] final class StageTask(
 
   /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
   private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
-    val isLate = job.lateRows(j).map(predicate(_, job.outputs(j)))
+    val isLate = job.lateRows(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
     val keys = GeneratedCode.projection(job.joinKeys(j), job.outputs(j))
     read(j).filter { row =>
       val dropped = isLate.exists(_.eval(row))
@@ -496,7 +496,7 @@ private[streaming] final class StageTask(
     // Where a combination finds a match: a row of the join's input (stored or new) meeting its condition.
     def finder(u: UnmatchedSpec, rows: JoinStore): InternalRow => Boolean = {
       val keyOf = UnsafeProjection.create(Seq(u.spec.partitionKey), u.spec.output)
-      val on = u.onCondition.map(predicate(_, u.spec.output ++ job.outputs(u.nonPreserved)))
+      val on = u.onCondition.map(GeneratedCode.predicate(_, u.spec.output ++ job.outputs(u.nonPreserved), partition))
       combination => rows.get(keyOf(combination)).exists(row => on.forall(_.eval(joined(combination, row))))
     }
     def matchIndex(k: Int): StoreIndex = StoreIndex.single(job.unmatched(k).spec.partitionClass)
@@ -522,7 +522,7 @@ private[streaming] final class StageTask(
       val writer = InputState.write(u.spec, job.info, partition, storeConfs, hadoopConf, _ => true, context)
       unmatchedWriters += writer
       val matched = finder(u, indexInMemory(u.nonPreserved, fresh(u.nonPreserved, None), Seq(matchIndex(k)))(matchIndex(k)))
-      val unmatchable = u.unmatchable.map(predicate(_, u.spec.output))
+      val unmatchable = u.unmatchable.map(GeneratedCode.interpreted(_, u.spec.output, partition))
       /** Whether the combination goes: matched now (it goes on), or matched by no later row (it is dropped). */
       def goes(combination: InternalRow): Boolean =
         if (matched(combination)) {
@@ -573,7 +573,7 @@ private[streaming] final class StageTask(
           val stored = new EventTimes.Counter
           val arrived = new EventTimes.Counter
           store(fresh(j, Some(metrics.droppedLate)))
-          val evict = job.evictable(j).map(predicate(_, job.outputs(j)))
+          val evict = job.evictable(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
           if (job.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
             metrics.removed += writer.removeWhere { (storedAt, row) =>
               val gone = !visible(storedAt) || evict.exists(_.eval(row))
@@ -626,8 +626,6 @@ private[streaming] final class StageTask(
     GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
 
   private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
-
-  private def predicate(e: Expression, attrs: Seq[Attribute]): BasePredicate = GeneratedCode.predicate(e, attrs, partition)
 }
 
 private[streaming] object StageTask {

@@ -1,10 +1,12 @@
 package umjoin.spark.streaming
 
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
-import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, Expression, GetStructField, LessThanOrEqual, Literal, Not, Or, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, Expression, GetStructField, LeafExpression, LessThanOrEqual, Literal, Not, Or, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.execution.streaming.operators.stateful.WatermarkSupport
-import org.apache.spark.sql.types.{LongType, StructType}
+import org.apache.spark.sql.types.{DataType, LongType, StructType}
 
 import umjoin.spark.core.KeyClass
 
@@ -19,6 +21,18 @@ import umjoin.spark.core.KeyClass
 final case class SideLateFilter(name: String, streams: Seq[Int], time: Expression, watermarkMs: Option[Long]) {
   def atArrival(inputOutputs: Seq[Seq[Attribute]]): Boolean =
     streams.size == 1 && time.references.subsetOf(AttributeSet(inputOutputs(streams.head)))
+}
+
+/**
+ * A micro-batch's watermark in µs (NULL before there is one), as a value of the plan. A literal
+ * would be written into the stage's generated code, new code to compile in every batch; this is
+ * read from the code's references, so the code, and the class Spark caches for it, stay the same.
+ */
+final case class BatchWatermark(micros: Option[Long]) extends LeafExpression with CodegenFallback {
+  override def dataType: DataType = LongType
+  override def nullable: Boolean = micros.isEmpty
+  override def eval(input: InternalRow): Any = micros.fold(null: Any)(identity)
+  override def toString: String = micros.fold("null")(_.toString)
 }
 
 /** Per pair of inputs (i)(m), the bound on m's event time minus i's (ms), if the group's conditions bound it: see [[StreamingWatermarks.timeDistances]]. */
@@ -63,7 +77,7 @@ object StreamingWatermarks extends PredicateHelper {
 
   /** The column a stored row of a stream keeps for a filter over a partial combination: the join's watermark (µs) at its arrival, NULL before there is one. */
   def mark(filter: SideLateFilter): Alias =
-    Alias(Literal.create(filter.watermarkMs.map(_ * 1000).orNull, LongType), s"__umjoin_late_${filter.name}")()
+    Alias(BatchWatermark(filter.watermarkMs.map(_ * 1000)), s"__umjoin_late_${filter.name}")()
 
   /**
    * The condition a combination meets unless `filter` dropped its subtree: its event time above

@@ -127,11 +127,16 @@ object CompiledRoute {
         padding.filter(_ => step.rule == StepRule.Outer).flatMap(_.now(step.input)).map(GeneratedCode.interpreted(_, prefixes(s), partition)).orNull,
         step.firstMatchDecides)
     }.toArray
-    val startCondition = if (from == 0) predicate(plan.startConditions ++ padding.flatMap(_.start), outputs(order.head)) else null
+    // A rescan's conditions hold the micro-batch's watermark: interpreted, as they would be new code in every batch.
+    val rescan = padding.flatMap(_.start)
+    val startCondition =
+      if (from > 0) null
+      else if (rescan.isDefined) GeneratedCode.interpreted((plan.startConditions ++ rescan).reduce(And), outputs(order.head), partition)
+      else predicate(plan.startConditions, outputs(order.head))
     val complete = until == plan.steps.size
     val output = if (complete) result else prefixes(until)
     new CompiledRoute(steps, startCondition, GeneratedCode.projection(output, prefixes(until)),
-      if (complete) predicate(padding.flatMap(_.result).toSeq, prefixes(until)) else null)
+      padding.flatMap(_.result).filter(_ => complete).map(GeneratedCode.interpreted(_, prefixes(until), partition)).orNull)
   }
 }
 
