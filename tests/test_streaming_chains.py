@@ -20,8 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from test_static_stores import umjoin_metric
-from test_streaming import ROCKSDB, executed_plan, sorted_rows, stream, write_batches
-from test_streaming_outer import hold_back_second_half, run_by_batch
+from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming_outer import hold_back_second_half, rows_by_batch, run_by_batch
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -252,9 +252,7 @@ def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_comp
         umjoin.awaitTermination()
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
-    on: dict[tuple, list[int]] = {}  # type: ignore[type-arg]
-    for row in sorted_rows(spark.read.parquet(str(tmp_path / "out-on"))):
-        on.setdefault(tuple(row[:-1]), []).append(row[-1])
+    on = rows_by_batch(spark, tmp_path / "out-on")
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan

@@ -97,10 +97,15 @@ def run_by_batch(df: DataFrame, checkpoint: Path, out: Path) -> tuple[StreamingQ
 
     query = df.writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
+    return query, rows_by_batch(df.sparkSession, out)
+
+
+def rows_by_batch(spark: SparkSession, out: Path) -> dict[tuple, list[int]]:  # type: ignore[type-arg]
+    """Per distinct row written under `out` (its batch id the last column), the batches that put it out (once per copy)."""
     emitted: dict[tuple, list[int]] = {}  # type: ignore[type-arg]
-    for row in sorted_rows(df.sparkSession.read.parquet(str(out))):
+    for row in sorted_rows(spark.read.parquet(str(out))):
         emitted.setdefault(tuple(row[:-1]), []).append(row[-1])
-    return query, emitted
+    return emitted
 
 
 @pytest.mark.parametrize(("seed", "how", "provider"), [(0, "left", "hdfs"), (2, "right", "rocksdb")])
