@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,38 @@ def run_to_end(df: DataFrame, name: str, checkpoint: Path) -> tuple[list[tuple],
     query = df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
     return sorted_rows(df.sparkSession.table(name)), query
+
+
+#: Per distinct result row, the micro-batches that put it out (once per copy).
+Emitted = dict[tuple[Any, ...], list[int]]
+
+
+def start_by_batch(df: DataFrame, checkpoint: Path, emitted: Emitted | None = None,
+                   after_batch: Callable[[int], None] = lambda batch_id: None) -> tuple[StreamingQuery, Emitted]:
+    """Starts the query; each micro-batch's rows are collected into `emitted` as it runs, then
+    `after_batch` called. A query restarted from its checkpoint passes the run before's `emitted` to add
+    to it (a micro-batch run again after the restart is recorded again, as a sink without exactly-once
+    would write it). Collected, not written to files: a write per micro-batch is a job of its own, and
+    a batch-id column new generated code in every micro-batch."""
+    emitted = {} if emitted is None else emitted
+
+    def collect(batch: DataFrame, batch_id: int) -> None:
+        for row in batch.collect():
+            emitted.setdefault(tuple(row), []).append(batch_id)
+        after_batch(batch_id)
+
+    return df.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start(), emitted
+
+
+def by_batch(emitted: Emitted) -> Emitted:
+    return {row: sorted(batches) for row, batches in emitted.items()}
+
+
+def run_by_batch(df: DataFrame, checkpoint: Path, emitted: Emitted | None = None) -> tuple[StreamingQuery, Emitted]:
+    """Runs the query to the end (see start_by_batch)."""
+    running, emitted = start_by_batch(df, checkpoint, emitted)
+    running.awaitTermination()
+    return running, by_batch(emitted)
 
 
 def executed_plan(query: StreamingQuery) -> str:

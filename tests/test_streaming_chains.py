@@ -20,8 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from test_static_stores import umjoin_metric
-from test_streaming import ROCKSDB, executed_plan, stream, write_batches
-from test_streaming_outer import hold_back_second_half, rows_by_batch, run_by_batch
+from test_streaming import ROCKSDB, by_batch, executed_plan, run_by_batch, start_by_batch, stream, write_batches
+from test_streaming_outer import hold_back_second_half
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -107,18 +107,18 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
 def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str], restart: list[str] | None = None):  # type: ignore[no-untyped-def]
     """The query with UMJoin on and off, each row's micro-batches. With `restart` (stream names), each runs
     on the first half of those streams' files, stops, and restarts from its checkpoint on all of them."""
-    def run(checkpoint: Path, out: Path):  # type: ignore[no-untyped-def]
+    def run(checkpoint: Path):  # type: ignore[no-untyped-def]
         if not restart:
-            return run_by_batch(query(), checkpoint, out)
+            return run_by_batch(query(), checkpoint)
         put_back = hold_back_second_half(tmp_path, restart)
-        run_by_batch(query(), checkpoint, out)
+        _, first = run_by_batch(query(), checkpoint)
         put_back()
-        return run_by_batch(query(), checkpoint, out)
+        return run_by_batch(query(), checkpoint, first)
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **settings}):
-        umjoin, on = run(tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run(tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run(tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run(tmp_path / "ck-off")
     return umjoin, on, off
 
 
@@ -208,10 +208,10 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
     random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 10))], rng, minutes=40, most_cuts=2)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
         before = compiled_classes(spark)
-        umjoin, on = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-on")
         compiled = compiled_classes(spark) - before
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
@@ -241,18 +241,12 @@ def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_comp
         return chain_query(spark, tmp_path, [("left", "k"), ("left", "k")], False)
 
     compiled_after: list[int] = []
-
-    def write(batch: DataFrame, batch_id: int) -> None:
-        # (The batch id as a partition directory: as a literal column it would be new code in every batch.)
-        batch.write.parquet(str(tmp_path / "out-on" / f"batch_id={batch_id}"))
-        compiled_after.append(compiled_classes(spark))
-
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
-        umjoin = query().writeStream.foreachBatch(write).option("checkpointLocation", str(tmp_path / "ck-on")).trigger(availableNow=True).start()
+        umjoin, emitted = start_by_batch(query(), tmp_path / "ck-on", after_batch=lambda _: compiled_after.append(compiled_classes(spark)))
         umjoin.awaitTermination()
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
-    on = rows_by_batch(spark, tmp_path / "out-on")
+            _, off = run_by_batch(query(), tmp_path / "ck-off")
+    on = by_batch(emitted)
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
@@ -445,11 +439,11 @@ def test_a_left_anti_join_of_two_streams_runs_as_the_left_outer_join_keeping_its
     the StreamingUMJoin, below the inner join or above it. Every row it puts out has no z row within its time range."""
     random_streams(tmp_path, ["x", "y", "z"], random.Random(seed), minutes=30, most_cuts=4)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
-        umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off")
             with pytest.raises(Exception, match="LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"):
-                run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-spark", tmp_path / "out-spark")
+                run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-spark")
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan

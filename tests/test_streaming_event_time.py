@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
-from test_streaming import ROCKSDB, executed_plan, stream, write_batches
+from test_streaming import ROCKSDB, by_batch, executed_plan, run_by_batch, start_by_batch, stream, write_batches
 from umjoin import plans
 from umjoin.local import temporary_conf
 
@@ -202,27 +202,6 @@ def query(spark: SparkSession, case: Case, directory: Path) -> DataFrame:
         case.shape.append(top)
         tree = join(tree, last, top)
     return tree.frame
-
-
-def start_by_batch(df: DataFrame, checkpoint: Path) -> tuple[StreamingQuery, dict[tuple[Any, ...], list[int]]]:
-    """Starts the query; per distinct result row, the micro-batches that put it out (once per copy), filled as it runs."""
-    emitted: dict[tuple[Any, ...], list[int]] = {}
-
-    def collect(batch: DataFrame, batch_id: int) -> None:
-        for row in batch.collect():
-            emitted.setdefault(tuple(row), []).append(batch_id)
-
-    return df.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start(), emitted
-
-
-def by_batch(emitted: dict[tuple[Any, ...], list[int]]) -> dict[tuple[Any, ...], list[int]]:
-    return {row: sorted(batches) for row, batches in emitted.items()}
-
-
-def run_by_batch(df: DataFrame, checkpoint: Path) -> tuple[StreamingQuery, dict[tuple[Any, ...], list[int]]]:
-    running, emitted = start_by_batch(df, checkpoint)
-    running.awaitTermination()
-    return running, by_batch(emitted)
 
 
 @pytest.fixture(scope="module")

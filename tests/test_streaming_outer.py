@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from test_streaming import ROCKSDB, executed_plan, run_to_end, sorted_rows, stream, write_batches
+from test_streaming import ROCKSDB, executed_plan, run_by_batch, run_to_end, sorted_rows, stream, write_batches
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -89,34 +89,15 @@ def umjoin_operator(query: StreamingQuery) -> dict:  # type: ignore[type-arg]
     return next(op for op in query.lastProgress["stateOperators"] if op["operatorName"] == "umJoin")
 
 
-def run_by_batch(df: DataFrame, checkpoint: Path, out: Path) -> tuple[StreamingQuery, dict[tuple, list[int]]]:  # type: ignore[type-arg]
-    """Runs the query to the end, each micro-batch's rows written with its batch id; returns the query
-    and, per distinct result row, the batches that put it out (once per copy)."""
-    def write(batch: DataFrame, batch_id: int) -> None:
-        batch.withColumn("batch_id", F.lit(batch_id)).write.mode("append").parquet(str(out))
-
-    query = df.writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
-    query.awaitTermination()
-    return query, rows_by_batch(df.sparkSession, out)
-
-
-def rows_by_batch(spark: SparkSession, out: Path) -> dict[tuple, list[int]]:  # type: ignore[type-arg]
-    """Per distinct row written under `out` (its batch id the last column), the batches that put it out (once per copy)."""
-    emitted: dict[tuple, list[int]] = {}  # type: ignore[type-arg]
-    for row in sorted_rows(spark.read.parquet(str(out))):
-        emitted.setdefault(tuple(row[:-1]), []).append(row[-1])
-    return emitted
-
-
 @pytest.mark.parametrize(("seed", "how", "provider"), [(0, "left", "hdfs"), (2, "right", "rocksdb")])
 def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins(
         spark: SparkSession, tmp_path: Path, seed: int, how: str, provider: str) -> None:
     random_streams(tmp_path, seed)
     settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
     with temporary_conf(spark, settings):
-        umjoin, on = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            spark_joins, off = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-off", tmp_path / "out-off")
+            spark_joins, off = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
@@ -149,9 +130,9 @@ def test_a_semi_join_on_top_puts_each_combination_out_once_at_its_first_match_li
     random_streams(tmp_path, 4, minutes=60)
     settings = {"spark.sql.shuffle.partitions": "3", **ROCKSDB}
     with temporary_conf(spark, settings):
-        umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
@@ -168,9 +149,9 @@ def test_a_semi_join_spark_pushed_below_the_inner_joins_runs_inside_the_streamin
     semi join puts x out then), and not where the joins above drop that x row as late."""
     random_streams(tmp_path, 8, minutes=60)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
-        umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            spark_joins, off = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-off", tmp_path / "out-off")
+            spark_joins, off = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-off")
     plan = executed_plan(umjoin)
     spark_plan = executed_plan(spark_joins)
     top_join = next(line for line in spark_plan.splitlines() if "Join " in line)
@@ -225,9 +206,9 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
         return left.join(right, (F.col("w_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("w_ts")), "left_outer")
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.minInputs": "3"}):
-        running, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        running, on = run_by_batch(query(), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(query(), tmp_path / "ck-off")
     plan = executed_plan(running)
     assert plan.count("StreamingSymmetricHashJoin") == 1, plan
     assert plan.count("StreamingUMJoin inputs=") == 1, plan
@@ -255,9 +236,9 @@ def test_a_full_outer_join_above_a_streaming_umjoin_reads_its_rows_partitioned_b
         return inner.join(f["z"], on_key("w", "z") & near("z_ts", "x_ts"), "full_outer")
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
-        umjoin, on = run_by_batch(query(), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(query(), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            _, off = run_by_batch(query(), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(query(), tmp_path / "ck-off")
 
     assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)
     plan = executed_plan(umjoin)

@@ -25,8 +25,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, TimestampType
 
-from test_streaming import ROCKSDB, executed_plan, nulls_first, stream, write_batches
-from test_streaming_outer import hold_back_second_half, run_by_batch
+from test_streaming import ROCKSDB, executed_plan, nulls_first, run_by_batch, stream, write_batches
+from test_streaming_outer import hold_back_second_half
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -156,7 +156,7 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
     streams = random_rows(random.Random(7))
     write_in_batches(tmp_path, streams, None)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
-        query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck", tmp_path / "out")
+        query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             with pytest.raises(Exception, match="Stream-stream join without equality predicate is not supported"):
                 band_query(spark, tmp_path, keyed=False).explain()
@@ -193,7 +193,7 @@ def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_o
         settings = {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.timeSlices": str(slices)}
         with temporary_conf(spark, settings):
             name = f"{partitions}-{slices}"
-            query, emitted = run_by_batch(chain_query(spark, tmp_path, names, calls), tmp_path / f"ck{name}", tmp_path / f"out{name}")
+            query, emitted = run_by_batch(chain_query(spark, tmp_path, names, calls), tmp_path / f"ck{name}")
         assert sorted(row for row, batches in emitted.items() for _ in batches) == expected, (partitions, slices)
         assert calls.value == left_to_the_udf, (partitions, slices)
         plan = executed_plan(query)
@@ -251,7 +251,7 @@ def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simpl
     counted = spark._jvm.umjoin.spark.testkit.CountedSimilarity  # type: ignore[union-attr]
     counted.takeCalls()
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions), "spark.umjoin.timeSlices": str(slices)}):
-        run, emitted = run_by_batch(query, tmp_path / "ck", tmp_path / "out")
+        run, emitted = run_by_batch(query, tmp_path / "ck")
     assert sorted(row for row, batches in emitted.items() for _ in batches) == expected
     assert counted.takeCalls() == len(left_to_the_udf)
     # The metric of the conditions that can fail counts the UDF's calls (the query's other conditions cannot fail).
@@ -273,9 +273,9 @@ def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_b
 
     def run(name: str) -> tuple:  # type: ignore[type-arg]
         put_back = hold_back_second_half(tmp_path, list(NAMES))
-        run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        _, first = run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}")
         put_back()
-        return run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        return run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", first)
 
     with temporary_conf(spark, settings):
         umjoin, on = run("on")
@@ -376,9 +376,9 @@ def test_slices_past_a_burst_are_narrower_so_each_holds_as_many_rows_and_the_ans
         write_batches(tmp_path / name, columns(name), [*rows, [(9, 0, BASE + datetime.timedelta(days=2))]])
     settings = {"spark.sql.shuffle.partitions": "4", "spark.umjoin.timeSlices": "2"}
     with temporary_conf(spark, settings):
-        umjoin, on = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-on", tmp_path / "out-on")
+        umjoin, on = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            _, off = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-off", tmp_path / "out-off")
+            _, off = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-off")
 
     assert on == off  # the same rows, each put out in the same micro-batch
     assert sorted(row for row, batches in on.items() for _ in batches) == nested_loop(streams, keyed=False)
@@ -514,12 +514,12 @@ def test_outer_and_semi_joins_without_an_equality_run_and_equal_a_nested_loop_an
 
     def restarted(name: str) -> dict[tuple, list[int]]:  # type: ignore[type-arg]
         put_back = hold_back_second_half(tmp_path / "random", list(NAMES))
-        run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        _, first = run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}")
         put_back()
-        return run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", tmp_path / f"out-{name}")[1]
+        return run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", first)[1]
 
     with temporary_conf(spark, settings):
-        umjoin, whole = run_by_batch(outer_query(spark, tmp_path / "one", how, ways), tmp_path / "ck-one", tmp_path / "out-one")
+        umjoin, whole = run_by_batch(outer_query(spark, tmp_path / "one", how, ways), tmp_path / "ck-one")
         on = restarted("on")
         with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
             off = restarted("off")
