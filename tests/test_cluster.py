@@ -41,8 +41,8 @@ def test_tpch_official_answers_on_two_executors(jobs: dict[str, Any], scratch: P
     result = jobs["tpch-answers"]
     assert result["executor_pids"] == 2
     for name in TPCH_SETTINGS:
-        assert result[name]["wrong"] == [], f"{name}: TPC-H queries differing from the official answers"
-        assert result[name]["umjoins"] > 0, f"{name}: no query ran a UMJoin"
+        assert result[name]["wrong"] == [], f"{name}: the TPC-H query differs from the official answer"
+        assert result[name]["umjoins"] > 0, f"{name}: the query ran no UMJoin"
     assert "broadcast" in result["broadcast-memory"]["placements"] and "broadcast" in result["broadcast-rocksdb"]["placements"]
     assert "broadcast" not in result["partitioned-memory"]["placements"]
     assert result["partitioned-rocksdb"]["rocksdb_bytes"] > 0 and result["partitioned-memory"]["rocksdb_bytes"] == 0

@@ -5,8 +5,8 @@ Randomised differential cases: 3-5 tables joined left-deep by inner, LEFT OUTER 
 joins at random positions (an ON key to any table joined before, including an earlier outer join's
 side: chains of outer joins; sometimes a non-equi ON conjunct, one on the preserved side alone, or
 one on the padded side alone), sometimes WHERE conditions reading a padded side (IS NULL, coalesce)
-and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty tables. UMJoin on and off in every configuration; and
-the shapes that must stay as Spark plans them.
+and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty tables. UMJoin off, and on in
+every configuration over the seeds (each seed in half of them, `configs_of_seed`); and the shapes that must stay as Spark plans them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
+from test_random_joins import configs_of_seed
 from test_semi_anti import CONFIGS, load, register_tables
 from umjoin import plans
 from umjoin.local import temporary_conf
@@ -122,7 +123,7 @@ def test_same_rows_with_umjoin_on_and_off(spark: SparkSession, tmp_path: Path, s
     register(spark, case, tmp_path)
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = rows_of(spark.sql(case.sql))
-    for name, settings in CONFIGS.items():
+    for name, settings in configs_of_seed(CONFIGS, seed, ("aqe-off", "dpPick")).items():
         with temporary_conf(spark, {**settings, "spark.umjoin.enabled": "true"}):
             df = spark.sql(case.sql)
             actual = rows_of(df)
