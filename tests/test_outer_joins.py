@@ -5,8 +5,9 @@ Randomised differential cases: 3-5 tables joined left-deep by inner, LEFT OUTER 
 joins at random positions (an ON key to any table joined before, including an earlier outer join's
 side: chains of outer joins; sometimes a non-equi ON conjunct, one on the preserved side alone, or
 one on the padded side alone), sometimes WHERE conditions reading a padded side (IS NULL, coalesce)
-and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty tables. UMJoin off, and on in
-every configuration over the seeds (each seed in half of them, `configs_of_seed`); and the shapes that must stay as Spark plans them.
+and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty
+tables. UMJoin off, and on in every configuration over the seeds (each seed in half of them,
+`configs_of_seed`); and the shapes that must stay as Spark plans them.
 """
 
 from __future__ import annotations

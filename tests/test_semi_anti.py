@@ -3,7 +3,8 @@
 Randomised differential cases: an inner join graph of 3-4 tables with 1-2 correlated EXISTS or NOT
 EXISTS subqueries on further tables (equi keys on one or two columns, sometimes a non-equi
 correlated condition, duplicate and NULL keys, empty subquery tables), with UMJoin off, and on in
-every configuration over the seeds (each seed in half of them, `configs_of_seed`); and the shapes that must stay as Spark plans them.
+every configuration over the seeds (each seed in half of them, `configs_of_seed`); and the shapes
+that must stay as Spark plans them.
 """
 
 from __future__ import annotations
