@@ -221,6 +221,31 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
     assert compiled < 100 * batches, (compiled, batches)
 
 
+def test_outer_joins_on_one_column_of_a_stream_partitioned_by_another_share_one_index(spark: SparkSession, tmp_path: Path) -> None:
+    """x JOIN y ON x_k, then LEFT JOINs of z1 and of z2 both on x_j. Many x and y rows, few z rows: x is stored
+    partitioned by k, and each side's new rows look x up in all partitions by x_j. Each ON key is a class of its
+    own, and x kept an index per join on the one column (twice the entries); one index serves both now."""
+    rng = random.Random(3)
+    for n, (name, size) in enumerate({"x": 60, "y": 60, "z1": 3, "z2": 3}.items()):
+        batches = [[(rng.randrange(30), rng.randrange(3), BASE + datetime.timedelta(minutes=10 * b + rng.uniform(0, 10)), rng.randrange(100))
+                    for _ in range(size)] for b in range(2)]
+        write_batches(tmp_path / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
+    sides = [("left", "j"), ("left", "j")]
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, True), ROCKSDB)
+
+    (line,) = [l for l in executed_plan(umjoin).splitlines() if "StreamingUMJoin inputs=" in l]
+    assert re.search(r"#0 \w+ \(partitioned by x_k#\d+L, indexed by x_j#\d+L\)", line), line
+    assert "#2: #2 =>* #0" in line and "#3: #3 =>* #0" in line, line  # both sides probe x's index in all partitions
+    stored = [(op["customMetrics"]["stateRowsInput0"], op["customMetrics"]["stateIndexEntriesInput0"])
+              for p in umjoin.recentProgress for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
+    assert all(rows == entries for rows, entries in stored) and max(stored)[0] > 60, stored
+    assert on == off
+    names_out = chain_query(spark, tmp_path, sides, True).columns
+    for side in ("z1_v", "z2_v"):  # each side matched x rows through the shared index, and padded others
+        values = [row[names_out.index(side)] for row in on]
+        assert None in values and any(v is not None for v in values), side
+
+
 def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_compile_no_code(spark: SparkSession, tmp_path: Path) -> None:
     """x LEFT JOIN z1 LEFT JOIN z2 over 8 micro-batches of 10 minutes of event time each, each with a row a day late per
     stream: later batches drop those rows, evict stored rows and pad combinations, as the ones before them did, with

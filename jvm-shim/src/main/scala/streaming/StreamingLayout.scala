@@ -102,7 +102,7 @@ final case class StreamingLayout(
    * probed input's key is the same expression in both (an order key that several outer joins
    * match, each in a class of its own). Any other store is reached in all partitions and probed by
    * its widest index whose classes the combination all carries (one through the route's edge where
-   * there is one). A static table indexed in memory per batch is probed by every class of it the combination carries.
+   * there is one), or else by an index whose classes it carries as the same expression of the store. A static table indexed in memory per batch is probed by every class of it the combination carries.
    */
   def plan(graph: JoinGraph, route: Route): Route.Plan = {
     val access = reaches(graph, route)
@@ -145,7 +145,12 @@ final case class StreamingLayout(
               else if (isTimeSliced(to) && value.contains(p)) Some(StoreIndex.single(p))  // (the slice class's one value: every row of the slice)
               else {
                 val edge = classesOf(from) intersect classesOf(to)
-                indexes(to).filter(_.classes.forall(value.contains)).sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
+                // An index on a class also serves a carried class whose key in `to` is the same expression (see `choose`).
+                val usable = indexes(to).filter(_.classes.forall(value.contains)) match {
+                  case Seq() => indexes(to).filter(_.classes.forall(carrying(to, _).isDefined))
+                  case bySame => bySame
+                }
+                usable.sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
               }
             (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
               s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
@@ -233,10 +238,17 @@ object StreamingLayout {
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>
       if (!InputKind.isStored(kinds(i))) Nil
-      // (A semi join's stream starts no route: its rows only let combinations through.)
-      else choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
-        provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
-      }.distinct.filterNot(ix => choice.partitioning(i).map(StoreIndex.single).contains(ix)).sortBy(_.classes.mkString(","))
+      else {
+        // (A semi join's stream starts no route: its rows only let combinations through.)
+        val probed = choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
+          provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
+        }.distinct.filterNot(ix => choice.partitioning(i).map(StoreIndex.single).contains(ix)).sortBy(_.classes.mkString(","))
+        // One index per key of the input: outer joins' ON keys are classes of their own, so several joins on one column
+        // of it would each index that column. The first serves them all (`plan` probes it with any carried class of
+        // the same expression). Not for an outer or semi join's non-preserved input: it is probed by its own ON keys.
+        if (graph.outer.contains(i) || graph.filters.contains(i)) probed
+        else probed.distinctBy(_.classes.map(c => graph.classes(c).keyOf(i).get.canonicalized))
+      }
     }
     provisional.copy(indexes = indexes)
   }
