@@ -68,13 +68,13 @@ final class InputState private (
   private val rowKeyValues = new GenericInternalRow(3)
   private val partitionIndex = StoreIndex.single(spec.partitionClass)
 
-  /** The stored rows whose values of `index`'s classes are the fields of `key`. */
-  def lookup(index: StoreIndex, key: UnsafeRow): Iterator[InternalRow] =
-    if (index == partitionIndex) primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+  /** The stored rows whose values of `index`'s classes are the fields of a key (the store is found once, not per probe). */
+  private def lookup(index: StoreIndex): UnsafeRow => Iterator[InternalRow] =
+    if (index == partitionIndex) key => primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
     else {
       val store = indexes.getOrElse(index, throw new IllegalStateException(s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
       val sequence = index.classes.size
-      store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
+      key => store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
         rowKeyValues.update(0, pair.value.get(0, spec.partitionKey.dataType))
         rowKeyValues.update(1, pair.key.getLong(sequence))
         rowKeyValues.update(2, pair.value.getLong(1))
@@ -90,7 +90,8 @@ final class InputState private (
 
   /** A probe of this input's state through `index`, as the probe loop sees it. */
   def storeFor(index: StoreIndex): JoinStore = new JoinStore {
-    override def get(key: UnsafeRow): Iterator[InternalRow] = lookup(index, key)
+    private val rowsOf = lookup(index)
+    override def get(key: UnsafeRow): Iterator[InternalRow] = rowsOf(key)
     override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
     override def keyCount: Long = primary match {
       case s: StateStore => s.metrics.numKeys

@@ -2,7 +2,7 @@ package umjoin.spark.core.probe
 
 import org.apache.spark.{TaskContext, TaskKilledException}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, BasePredicate, Expression, GenericInternalRow, UnsafeProjection}
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 import umjoin.spark.core.GeneratedCode
@@ -26,11 +26,11 @@ object InputMetrics {
 
 /**
  * A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone
- * (null: none), the condition a complete combination must meet to come out (null: none), and the
- * output projection.
+ * (null: none), the condition a complete combination must meet to come out (null: none), the
+ * output projection, and the fields of a streamed row (the route's start, or the partial combination it goes on from).
  */
 final class CompiledRoute(val steps: Array[CompiledRoute.Step], val streamedCondition: BasePredicate, val output: UnsafeProjection,
-    val resultCondition: BasePredicate = null)
+    val resultCondition: BasePredicate, val streamedWidth: Int)
 
 object CompiledRoute {
 
@@ -136,7 +136,7 @@ object CompiledRoute {
     val complete = until == plan.steps.size
     val output = if (complete) result else prefixes(until)
     new CompiledRoute(steps, startCondition, GeneratedCode.projection(output, prefixes(until)),
-      padding.flatMap(_.result).filter(_ => complete).map(GeneratedCode.interpreted(_, prefixes(until), partition)).orNull)
+      padding.flatMap(_.result).filter(_ => complete).map(GeneratedCode.interpreted(_, prefixes(until), partition)).orNull, prefixes(from).size)
   }
 }
 
@@ -184,9 +184,11 @@ final class ProbeCore(
   private final class Combinations(streamed: Iterator[InternalRow]) extends Iterator[InternalRow] {
     private var route = initial
     private val depth = route.steps.length
-    // bound(k): the rows bound through step k, joined; bound(0) is the streamed row alone.
+    // slots(0): the streamed row; slots(k + 1): step k's row (a stored one, or NULLs). checked(k): the rows bound before
+    // step k and its row, read as one (step k's conditions); bound(k): the rows bound before step k (the streamed row for k 0).
+    private val slots = new Array[InternalRow](depth + 1)
+    private var checked = rowsOf(route)
     private val bound = new Array[InternalRow](depth + 1)
-    private val joined = Array.fill(depth)(new JoinedRow)
     private val candidates = new Array[Iterator[InternalRow]](depth)
     private val found = new Array[Long](depth)
     // Per outer step: whether a stored row satisfied its ON clause for the current combination.
@@ -218,13 +220,17 @@ final class ProbeCore(
             rowsInCycle += 1
             if (rowsInCycle > r.cycleRows) {
               rowsInCycle = 1
-              r.next().foreach(route = _)
+              r.next().foreach { next =>
+                route = next
+                checked = rowsOf(next)
+              }
             }
           }
           val row = streamed.next()
           streamedRows.foreach(_ += 1)
           if (route.streamedCondition == null || route.streamedCondition.eval(row)) {
             bound(0) = row
+            slots(0) = row
             if (depth == 0) { // no step to take here: the row itself is what comes out
               ready = true
               return true
@@ -252,11 +258,20 @@ final class ProbeCore(
       false
     }
 
+    private def rowsOf(route: CompiledRoute): Array[BoundRows] =
+      BoundRows.perStep(slots, route.streamedWidth +: route.steps.map(_.nullRow.numFields), route.steps.toSeq.map(!_.firstMatchOnly))
+
+    /** Checks step k's conditions with `row` of its input in its slot. */
+    private def holdsWith(k: Int, row: InternalRow): Boolean = {
+      slots(k + 1) = row
+      route.steps(k).holds(checked(k))
+    }
+
     /** Whether a row of step k's input this route does not bind satisfies its ON clause for the combination. */
     private def matchedElsewhere(k: Int): Boolean = {
       val step = route.steps(k)
       val key = step.probeKey(bound(k))
-      !key.anyNull && step.padCheck.get(key).exists(row => step.holds(joined(k)(bound(k), row)))
+      !key.anyNull && step.padCheck.get(key).exists(holdsWith(k, _))
     }
 
     /** Starts step k: probes its store with the key of the rows bound so far. */
@@ -280,10 +295,7 @@ final class ProbeCore(
       if (step.firstMatchOnly) {
         if (candidates(k) == null) return false  // this combination went on already
         var matched = false
-        while (!matched && candidates(k).hasNext) {
-          val row = joined(k)(bound(k), candidates(k).next())
-          matched = step.holds(row)
-        }
+        while (!matched && candidates(k).hasNext) matched = holdsWith(k, candidates(k).next())
         candidates(k) = null
         if (matched) step.metrics.matches += 1
         else if (step.unmatched != null) step.unmatched(bound(k))
@@ -295,8 +307,8 @@ final class ProbeCore(
         return goesOn
       }
       while (candidates(k) != null && candidates(k).hasNext) {
-        val row = joined(k)(bound(k), candidates(k).next())
-        if (step.holds(row)) {
+        if (holdsWith(k, candidates(k).next())) {
+          val row = checked(k)
           step.metrics.matches += 1
           anyMatch(k) = true
           if (step.firstMatchDecides) candidates(k) = null  // no other match would pass `post` either
@@ -312,7 +324,8 @@ final class ProbeCore(
       if (step.padCheck != null && matchedElsewhere(k)) return false
       if (step.padNow != null && !step.padNow.eval(bound(k))) return false
       step.metrics.nullPadded.foreach(_ += 1)
-      val row = joined(k)(bound(k), step.nullRow)
+      slots(k + 1) = step.nullRow
+      val row = checked(k)
       if (step.post == null || step.post.eval(row)) {
         found(k) += 1
         bound(k + 1) = row
