@@ -102,7 +102,8 @@ final case class StreamingLayout(
    * probed input's key is the same expression in both (an order key that several outer joins
    * match, each in a class of its own). Any other store is reached in all partitions and probed by
    * its widest index whose classes the combination all carries (one through the route's edge where
-   * there is one), or else by an index whose classes it carries as the same expression of the store. A static table indexed in memory per batch is probed by every class of it the combination carries.
+   * there is one), or else by an index whose classes it carries as the same expression of the store.
+   * A static table indexed in memory per batch is probed by every class of it the combination carries.
    */
   def plan(graph: JoinGraph, route: Route): Route.Plan = {
     val access = reaches(graph, route)

@@ -27,7 +27,8 @@ object InputMetrics {
 /**
  * A route (or some of its steps) ready to run: its steps, the conditions on the streamed row alone
  * (null: none), the condition a complete combination must meet to come out (null: none), the
- * output projection, and the fields of a streamed row (the route's start, or the partial combination it goes on from).
+ * output projection, and how many fields a streamed row has (the route's start's, or those of the
+ * partial combination it goes on from).
  */
 final class CompiledRoute(val steps: Array[CompiledRoute.Step], val streamedCondition: BasePredicate, val output: UnsafeProjection,
     val resultCondition: BasePredicate, val streamedWidth: Int)
@@ -135,8 +136,8 @@ object CompiledRoute {
       else predicate(plan.startConditions, outputs(order.head))
     val complete = until == plan.steps.size
     val output = if (complete) result else prefixes(until)
-    new CompiledRoute(steps, startCondition, GeneratedCode.projection(output, prefixes(until)),
-      padding.flatMap(_.result).filter(_ => complete).map(GeneratedCode.interpreted(_, prefixes(until), partition)).orNull, prefixes(from).size)
+    val resultCondition = padding.flatMap(_.result).filter(_ => complete).map(GeneratedCode.interpreted(_, prefixes(until), partition)).orNull
+    new CompiledRoute(steps, startCondition, GeneratedCode.projection(output, prefixes(until)), resultCondition, prefixes(from).size)
   }
 }
 
