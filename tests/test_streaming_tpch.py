@@ -50,9 +50,11 @@ def test_paper_join_block_runs_as_one_streaming_umjoin_with_the_batch_answer(spa
 
     streamed = streaming.table(f"tpch_block_{number}")
     batch = spark.sql(sql).persist()  # the same block over the tables as batch views (joined once for the three comparisons)
-    assert streamed.count() == batch.count() > 0
-    assert streamed.exceptAll(batch).count() == 0 and batch.exceptAll(streamed).count() == 0
-    batch.unpersist()
+    try:
+        assert streamed.count() == batch.count() > 0
+        assert streamed.exceptAll(batch).count() == 0 and batch.exceptAll(streamed).count() == 0
+    finally:
+        batch.unpersist()  # (a failed block's cached join would otherwise stay in the session's memory for the rest of the suite)
 
 
 def test_q15_block_is_refused_by_spark_itself_as_a_stream(streaming: SparkSession, tmp_path: Path) -> None:

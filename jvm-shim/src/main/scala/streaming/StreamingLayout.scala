@@ -119,9 +119,6 @@ final case class StreamingLayout(
     // Per bound class, the expression its value comes from (the first bound input's), as ProbeSteps binds it.
     val value = mutable.Map[Int, Expression]()
     def bind(input: Int): Unit = classesOf(input).foreach(c => if (!value.contains(c)) value(c) = key(input, c))
-    /** The class whose value input `to` is found by for class p: p, or a carried class in which `to`'s key is the same expression. */
-    def carrying(to: Int, p: Int): Option[Int] =
-      if (value.contains(p)) Some(p) else classesOf(to).toSeq.sorted.find(c => value.contains(c) && key(to, c) == key(to, p))
     // The values the combination's partition is the hash of: the one that placed it, and those known equal to it.
     val placedBy = mutable.Set[Expression]()
     partitionClass(route.start).filterNot(_ => isTimeSliced(route.start)).foreach(c => placedBy += key(route.start, c))
@@ -131,7 +128,7 @@ final case class StreamingLayout(
       val step = partitionClass(to) match {
         case None => (Route.Reach.Local, carried)
         // A store spread by time slice is reached in all partitions, each probing its slice.
-        case Some(p) => (if (isTimeSliced(to)) None else carrying(to, p)) match {
+        case Some(p) => (if (isTimeSliced(to)) None else ProbeSteps.servingClass(graph, to, p, value.contains)) match {
           case Some(c) =>
             val reach = if (placedBy.contains(value(c))) Route.Reach.Local else {
               placedBy.clear()
@@ -147,11 +144,8 @@ final case class StreamingLayout(
               else {
                 val edge = classesOf(from) intersect classesOf(to)
                 // An index on a class also serves a carried class whose key in `to` is the same expression (see `choose`).
-                val usable = indexes(to).filter(_.classes.forall(value.contains)) match {
-                  case Seq() => indexes(to).filter(_.classes.forall(carrying(to, _).isDefined))
-                  case bySame => bySame
-                }
-                usable.sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
+                ProbeSteps.usableIndexes(graph, to, indexes(to), value.contains)
+                  .sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
               }
             (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
               s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))

@@ -60,11 +60,7 @@ object BoundRows {
    * row in slot j + 1) and its own candidate row in slot k + 1, over the shared `slots`.
    */
   def perStep(slots: Array[InternalRow], widths: Array[Int], binds: Seq[Boolean]): Array[BoundRows] = {
-    var before = Array(0)
-    binds.indices.map { k =>
-      val checked = before :+ (k + 1)
-      if (binds(k)) before = checked
-      new BoundRows(slots, checked, widths)
-    }.toArray
+    val boundBefore = binds.zipWithIndex.scanLeft(Array(0)) { case (before, (bind, k)) => if (bind) before :+ (k + 1) else before }
+    binds.indices.map(k => new BoundRows(slots, boundBefore(k) :+ (k + 1), widths)).toArray
   }
 }

@@ -68,15 +68,6 @@ object ProbeSteps extends PredicateHelper {
       }
     }
 
-    /**
-     * The value `to`'s key for class c is probed with: c's, or that of a bound class in which `to`'s
-     * key is the same expression (an index of one class serves the other: the rows it finds agree on both).
-     */
-    def valueFor(to: Int, c: Int): Option[Expression] = value.get(c).orElse {
-      val mine = classes(c).keyOf(to).map(_.canonicalized)
-      classes.indices.find(o => value.contains(o) && classes(o).keyOf(to).map(_.canonicalized) == mine).map(value)
-    }
-
     // A route's start row is one of its input's rows, never NULLs: an outer input's ON clause and its conditions after it both filter it.
     val startConditions = bind(route.start, Nil, Set.empty) match { case (deciding, after) => deciding ++ after }
     var bound = Set(route.start)
@@ -88,14 +79,11 @@ object ProbeSteps extends PredicateHelper {
       // An outer input is probed by its ON clause's keys only, once everything its ON clause reads is bound.
       val usable = joinGraph.outer.get(to) match {
         case Some(on) => indexed(to).filter(_.classes.sorted == on.sorted).filter(_ => joinGraph.onInputs(to).subsetOf(bound))
-        case None => indexed(to).filter(_.classes.forall(value.contains)) match {
-          case Seq() => indexed(to).filter(_.classes.forall(c => valueFor(to, c).isDefined))
-          case bySame => bySame
-        }
+        case None => usableIndexes(joinGraph, to, indexed(to), value.contains)
       }
       val index = usable.sortBy(ix => (!ix.classes.exists(c => classes(c).inputs.contains(from)), -ix.classes.size)).headOption
         .getOrElse(throw new IllegalStateException(s"no index of input $to fits the classes bound before it in route ${route.order}"))
-      val probeKeys = index.classes.map(c => valueFor(to, c).get)
+      val probeKeys = index.classes.map(c => value(servingClass(joinGraph, to, c, value.contains).get))
       val (conditions, after) = bind(to, index.classes, bound)
       bound += to
       val firstMatchDecides = joinGraph.outer.contains(to) && after.exists(failsOnEveryMatch(_, index.classes.flatMap(c => classes(c).keyOf(to)), conditions))
@@ -103,6 +91,23 @@ object ProbeSteps extends PredicateHelper {
     }
     Route.Plan(route, startConditions, steps)
   }
+
+  /**
+   * The bound class whose value probes input `to`'s key of class c: c, or else a bound class in which
+   * `to`'s key is the same expression (an index of one class serves the other: the rows it finds agree on both).
+   */
+  def servingClass(joinGraph: JoinGraph, to: Int, c: Int, isBound: Int => Boolean): Option[Int] =
+    if (isBound(c)) Some(c)
+    else joinGraph.classes(c).keyOf(to).flatMap { key =>
+      joinGraph.classes.indices.find(o => isBound(o) && joinGraph.classes(o).keyOf(to).exists(_.semanticEquals(key)))
+    }
+
+  /** Of `indexes` of input `to`, those whose classes are all bound; if none is, those whose classes are all served ([[servingClass]]). */
+  def usableIndexes(joinGraph: JoinGraph, to: Int, indexes: Seq[StoreIndex], isBound: Int => Boolean): Seq[StoreIndex] =
+    indexes.filter(_.classes.forall(isBound)) match {
+      case Seq() => indexes.filter(_.classes.forall(servingClass(joinGraph, to, _, isBound).isDefined))
+      case allBound => allBound
+    }
 
   /**
    * Whether `post`, a condition after an outer input's ON clause, fails for every row that clause
