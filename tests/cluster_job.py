@@ -27,7 +27,6 @@ from pyspark.sql import SparkSession
 
 import umjoin
 from umjoin import answers, plans, tpch
-from umjoin.local import LOCAL_CHECKPOINTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import TPCH_SF  # noqa: E402
@@ -58,7 +57,6 @@ def cluster_session(scratch: Path) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config(*LOCAL_CHECKPOINTS)  # the workers share this machine's file system
     )
     spark = umjoin.configure(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

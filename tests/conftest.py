@@ -37,23 +37,10 @@ def session_builder() -> SparkSession.Builder:
             .config("spark.sql.codegen.cache.maxEntries", "2000"))
 
 
-def use_nio_local_file_system(session: SparkSession) -> None:
-    """Local files' permissions set through java.nio (the testkit's NioLocalFileSystem), not by a `chmod`
-    process per file. Set once the session runs: Spark's launcher reads the local file system before the
-    testkit jar is on the class path. Hadoop caches file systems by scheme, so the cached one is closed."""
-    name = "umjoin.spark.testkit.NioLocalFileSystem"
-    hadoop_conf = session.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    hadoop_conf.set("fs.file.impl", name)
-    file_system = session.sparkContext._jvm.org.apache.hadoop.fs.FileSystem  # type: ignore[union-attr]
-    file_system.closeAll()
-    assert file_system.getLocal(hadoop_conf).getClass().getName() == name
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = session_builder().getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    use_nio_local_file_system(session)
     yield session
     session.stop()
 

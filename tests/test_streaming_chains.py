@@ -32,15 +32,19 @@ def columns(name: str) -> str:
     return f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
 
 
-def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6) -> None:
+def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6,
+                   null_keys: float = 0.0) -> None:
     """Rows of each stream over `minutes` of event time, out of order within the watermark's delay, a
     few a day late, cut at random into micro-batches (at 2 to `most_cuts` places); then one far-future
-    row per stream, whose watermark lets every waiting combination go."""
+    row per stream, whose watermark lets every waiting combination go. Each key is NULL in a `null_keys` share of the rows."""
+    def key(values: int) -> int | None:
+        return None if rng.random() < null_keys else rng.randrange(values)
+
     for n, name in enumerate(names):
         rows = []
         for _ in range(rng.randint(15, 40)):
             at = BASE + datetime.timedelta(minutes=rng.uniform(0, minutes))
-            rows.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (rng.randrange(5), rng.randrange(3), at, rng.randrange(100))))
+            rows.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (key(5), key(3), at, rng.randrange(100))))
         rows.sort(key=lambda r: r[0])
         data = [r[1] for r in rows]
         for i in rng.sample(range(len(data) // 2, len(data)), 1):
@@ -321,6 +325,33 @@ def test_outer_and_semi_joins_on_two_keys_run_in_the_streaming_umjoin_like_spark
     assert on == off
     for padded in ([row for row in on if row[0] is None], [row for row in on if row[-4] is None]):  # no z3 (first), no z1 (last) row on both keys
         assert padded and len(padded) < len(on), on
+
+
+@pytest.mark.parametrize(("sides", "provider", "restart"), [
+    ([("left", "k")] * 4, "rocksdb", False),
+    ([("right", "k"), ("left", "j")], "hdfs", True),
+    ([("left", "kj"), ("inner", "k"), ("left", "k")], "rocksdb", True),
+])
+def test_preserved_rows_with_null_keys_come_out_padded_when_sparks_outer_joins_evict_them(
+        spark: SparkSession, tmp_path: Path, sides: list[tuple[str, str]], provider: str, restart: bool) -> None:
+    """A LEFT (or RIGHT) join keeps every row of its preserved side whatever its key: Spark's stream-stream join
+    stores a row whose ON key is NULL (it matches nothing) and puts it out padded when the watermark evicts it.
+    x and every side have NULL keys in a fifth of their rows: the StreamingUMJoin puts out the same rows in the
+    same micro-batches, at any place of the chain, on either key class and on two keys, after a restart too."""
+    names = ["x", *(f"z{i}" for i in range(1, len(sides) + 1))]
+    random_streams(tmp_path, names, random.Random(90 + len(sides)), minutes=30, most_cuts=4, null_keys=0.2)
+    umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, False),
+                               ROCKSDB if provider == "rocksdb" else {}, names if restart else None)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    assert on == off
+    columns_out = chain_query(spark, tmp_path, sides, False).columns
+    x_k, x_j = columns_out.index("x_k"), columns_out.index("x_j")
+    keys = {"k": [x_k], "j": [x_j], "kj": [x_k, x_j]}
+    # Rows of x whose key into a padded side is NULL, put out padded (before the fix they never came out).
+    first_outer = next(i for i, (how, _) in enumerate(sides) if how in ("left", "right"))
+    assert any(any(row[c] is None for c in keys[sides[first_outer][1]]) for row in on), on
 
 
 def side_by_side_semis_query(spark: SparkSession, directory: Path) -> DataFrame:

@@ -9,15 +9,7 @@ from pyspark.sql import SparkSession
 
 from umjoin import configure
 
-__all__ = ["LOCAL_CHECKPOINTS", "local_builder", "temporary_conf"]
-
-#: Streaming checkpoints through Hadoop's FileSystem API: its FileContext API (Spark's default)
-#: starts a `readlink` process for every rename on the local file system (pyspark has no native
-#: Hadoop library), about a third of a small streaming query's time.
-LOCAL_CHECKPOINTS = (
-    "spark.sql.streaming.checkpointFileManagerClass",
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
-)
+__all__ = ["local_builder", "temporary_conf"]
 
 
 def local_builder(
@@ -36,7 +28,6 @@ def local_builder(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
-        .config(*LOCAL_CHECKPOINTS)
     )
     return configure(builder)
 

@@ -65,6 +65,16 @@ final case class JoinGraph(numInputs: Int, classes: Seq[KeyClass], residuals: Se
   /** How input i's step treats a combination: inner, semi or anti (a filter), outer (an outer join's non-preserved side). */
   def stepRule(i: Int): StepRule = StepRule.of(filters.getOrElse(i, if (outer.contains(i)) LeftOuter else Inner))
 
+  /**
+   * Input i's key expressions a NULL in which keeps its row out of every result: all its keys but
+   * those of another input's outer join, which keeps a row of its preserved side whatever its key
+   * (padded with NULLs where nothing matches it).
+   */
+  def keysRejectingNull(i: Int): Seq[Expression] = {
+    val preservedSide = outer.collect { case (o, onClasses) if o != i => onClasses }.flatten.toSet
+    classes.indices.filterNot(preservedSide.contains).flatMap(c => classes(c).members.collect { case (`i`, e) => e })
+  }
+
   /** The inputs an outer input's ON clause reads besides it: all bound before it is probed. */
   def onInputs(outerInput: Int): Set[Int] =
     (outer(outerInput).flatMap(c => classes(c).inputs) ++ residuals.filter(_.outer.contains(outerInput)).flatMap(_.inputs)).toSet - outerInput

@@ -106,7 +106,8 @@ final class InputState private (
  * How a stream input's stores are opened: the rows' store as the session configures state stores;
  * its indexes without RocksDB's count of keys (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows),
  * which reads the key before every write to count it. An index holds exactly one entry per stored
- * row (a row with a NULL key is never stored), so its entries are counted by the rows instead.
+ * row (a NULL key too: an outer join's preserved row is stored whatever its ON key), so its entries
+ * are counted by the rows instead.
  * RocksDB stores commit with changelog checkpointing unless the session says otherwise: a
  * StreamingUMJoin commits one store per input and index in every partition and micro-batch, most
  * with few changes or none (a stored static table), and a changelog commit writes one small file
@@ -198,7 +199,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     rowAndNumbers(row, numbers)
   }
 
-  /** Stores a row that arrived (its keys have no NULL), as of `nowMs`. */
+  /** Stores a row that arrived, as of `nowMs`. */
   def put(row: InternalRow, nowMs: Long): Unit = {
     val withBoth = withNumbers(row, sequence, nowMs)
     val stored = row match {

@@ -96,7 +96,8 @@ final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: S
 /**
  * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
  *
- * @param joinKeys   per input, every expression it joins on: a row with a NULL in one never joins
+ * @param keysRejectingNull per input, the keys a row with a NULL in one is dropped for: it joins nothing
+ *                   (not those of an outer join preserving the input, which pads such a row)
  * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
  * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
  * @param staticLoads per stored static table, whether this batch writes its stores, and which load they hold
@@ -110,7 +111,7 @@ final case class MicroBatchJob(
     result: Seq[Attribute],
     routes: Map[Int, Route.Plan],
     states: Map[Int, InputStateSpec],
-    joinKeys: IndexedSeq[Seq[Expression]],
+    keysRejectingNull: IndexedSeq[Seq[Expression]],
     lateRows: IndexedSeq[Option[Expression]],
     evictable: IndexedSeq[Option[Expression]],
     stateTtlMs: Option[Long],
@@ -213,10 +214,13 @@ private[streaming] final class StageTask(
     if (isLast) writerOf(j).state
     else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
 
-  /** The input's rows of this batch in this partition that can join: not late, and no NULL in a join key. */
+  /**
+   * The input's rows of this batch in this partition that can be in a result: not late, and no NULL
+   * in a key that rejects it (a row of an outer join's preserved side is kept whatever its ON key).
+   */
   private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
     val isLate = job.lateRows(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
-    val keys = GeneratedCode.projection(job.joinKeys(j), job.outputs(j))
+    val keys = GeneratedCode.projection(job.keysRejectingNull(j), job.outputs(j))
     read(j).filter { row =>
       val dropped = isLate.exists(_.eval(row))
       if (dropped) late.foreach(_ += 1)

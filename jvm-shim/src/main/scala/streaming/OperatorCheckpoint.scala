@@ -108,7 +108,11 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   }
 
   private def write(path: Path, text: String): Unit = {
-    val out = CheckpointFileManager.create(path.getParent, hadoopConf).createAtomic(path, overwriteIfPossible = false)
+    val files = CheckpointFileManager.create(path.getParent, hadoopConf)
+    // A new operator's directory does not exist before its stores first commit, and Spark's default
+    // manager (FileContext's) creates no parent of a file.
+    files.mkdirs(path.getParent)
+    val out = files.createAtomic(path, overwriteIfPossible = false)
     try out.write(text.getBytes(StandardCharsets.UTF_8)) catch {
       case e: Throwable =>
         out.cancel()

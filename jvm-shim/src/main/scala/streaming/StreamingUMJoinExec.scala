@@ -266,7 +266,7 @@ case class StreamingUMJoinExec(
       result = output,
       routes = routes.map { case (start, route) => start -> layout.plan(graph, route) },
       states = inputStates(graph, outputs),
-      joinKeys = children.indices.map(j => graph.classes.flatMap(_.members.collect { case (`j`, e) => e })),
+      keysRejectingNull = children.indices.map(graph.keysRejectingNull),
       lateRows = lateRows.toIndexedSeq,
       evictable = evictable.toIndexedSeq,
       stateTtlMs = stateTtlMs,
