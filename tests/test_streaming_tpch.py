@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from conftest import TPCH_SF
 from test_streaming import executed_plan
 from umjoin import streams, tpch
+from umjoin.local import temporary_conf
 
 MICRO_BATCHES = 3
 
@@ -49,12 +50,19 @@ def test_paper_join_block_runs_as_one_streaming_umjoin_with_the_batch_answer(spa
     assert sum(1 for p in query.recentProgress if p["numInputRows"] > 0) >= MICRO_BATCHES
 
     streamed = streaming.table(f"tpch_block_{number}")
-    batch = spark.sql(sql).persist()  # the same block over the tables as batch views (joined once for the three comparisons)
-    try:
-        assert streamed.count() == batch.count() > 0
-        assert streamed.exceptAll(batch).count() == 0 and batch.exceptAll(streamed).count() == 0
-    finally:
-        batch.unpersist()  # (a failed block's cached join would otherwise stay in the session's memory for the rest of the suite)
+    # The reference: the same block over the tables as batch views, joined by Spark (UMJoin off in both
+    # sessions, so neither the cached join nor a comparison that joined again would run UMJoin's code),
+    # once for the comparisons: cached, and materialised by the count while UMJoin is off.
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}), temporary_conf(streaming, {"spark.umjoin.enabled": "false"}):
+        batch = spark.sql(sql).persist()
+        try:
+            assert batch.count() > 0
+            reference = batch._jdf.queryExecution().executedPlan().toString()  # (the cached join's plan under it)
+            assert "Join" in reference and "UMJoin" not in reference, reference
+            assert streamed.count() == batch.count()
+            assert streamed.exceptAll(batch).count() == 0 and batch.exceptAll(streamed).count() == 0
+        finally:
+            batch.unpersist()  # (a failed block's cached join would otherwise stay in the session's memory for the rest of the suite)
 
 
 def test_q15_block_is_refused_by_spark_itself_as_a_stream(streaming: SparkSession, tmp_path: Path) -> None:

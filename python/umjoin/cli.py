@@ -152,10 +152,15 @@ def _run(args: argparse.Namespace) -> int:
         streaming = run_streaming_report(spark, args.sf, out, queries, args.micro_batches or 5)
         s = streaming["summary"]
         print(f"Report written to {out}/streaming.html, streaming.md, streaming.json: {s['converted_wholly']}/{s['queries']} join blocks "
-              f"run as one StreamingUMJoin, {s['refused_by_spark']} refused by Spark; answers equal to batch: {s['answers_equal_batch']} "
-              f"(UMJoin), {s['spark_answers_equal_batch']} (Spark); state rows at the end: Spark {s['state_rows_spark']}, UMJoin {s['state_rows_umjoin']}.")
-        ran = [q for q in streaming["queries"] if not q["umjoin"]["refused"]]
-        return 0 if all(q["umjoin"]["answer_equals_batch"] for q in ran) else 1
+              f"run as one StreamingUMJoin, {s['refused_by_spark']} refused by Spark, {s['umjoin_failed']} failed with UMJoin; answers equal "
+              f"to batch: {s['answers_equal_batch']} (UMJoin), {s['spark_answers_equal_batch']} (Spark); state rows at the end: Spark "
+              f"{s['state_rows_spark']}, UMJoin {s['state_rows_umjoin']}.")
+        for q in streaming["queries"]:
+            if q["umjoin"]["failed"]:
+                print(f"umjoin tpch-report: Q{q['query']:02d} failed with UMJoin (Spark's own run did not): {q['umjoin']['failed']}", file=sys.stderr)
+        # A UMJoin failure, or an answer of a block UMJoin ran that differs from the batch answer, fails the command.
+        ran = [q for q in streaming["queries"] if not q["umjoin"]["refused"] and not q["umjoin"]["failed"]]
+        return 0 if s["umjoin_failed"] == 0 and all(q["umjoin"]["answer_equals_batch"] for q in ran) else 1
     if args.command == "tpch-report":
         from umjoin.report import run_report
 
