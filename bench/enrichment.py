@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAINS", "SIDES", "chain", "dataframe", "expected_rows", "sql", "stream_files"]
+__all__ = ["CHAINS", "SIDES", "chain", "checks", "dataframe", "expected_checks", "expected_rows", "sql", "stream_files"]
 
 #: The days after the order within which a side row belongs to it (TPC-H: ship 1-121 days after,
 #: receipt 1-30 after that; a reorder: the customer's orders within 30 days).
@@ -115,16 +115,33 @@ def sql(sides: list[tuple[str, str, int]]) -> str:
     return f"SELECT * FROM orders{joins}"
 
 
-def expected_rows(files: Path, sides: list[tuple[str, str, int]]) -> int:
-    """The chain's result over every file, sentinels included, computed by DuckDB."""
+def checks(sides: list[tuple[str, str, int]]) -> list[str]:
+    """Aggregates over the chain's result that Flink and DuckDB compute alike and exactly: its rows, each stream's matched rows
+    (its key's count) and the sums of its numeric columns. What Flink's output is checked by: its regular LEFT join retracts the
+    padded rows it put out, so its result is aggregated, and it has no xxhash64 to hash its rows as Spark does."""
+    columns = {"orders": ["o_orderkey", "o_custkey", "o_totalprice"], REORDER[0]: ["reorder_custkey", "reorder_orderkey", "reorder_price"]}
+    aggregates = ["COUNT(*)"]
+    for name in ["orders", *(s[0] for s in sides)]:
+        numeric = columns.get(name, [f"{name}_orderkey", f"{name}_quantity", f"{name}_price"])
+        aggregates += [f"COUNT({numeric[0]})"] * (name != "orders") + [f"SUM({c})" for c in numeric]
+    return aggregates
+
+
+def expected_checks(files: Path, sides: list[tuple[str, str, int]]) -> list[str]:
+    """:func:`checks` over the chain's result over every file, sentinels included, computed by DuckDB (as text: exact)."""
     import duckdb
 
     con = duckdb.connect()
     for name in ["orders", *(s[0] for s in sides)]:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{files / 'parquet' / name}/*.parquet'")
-    count = con.execute(f"SELECT count(*) FROM ({sql(sides)})").fetchone()[0]  # type: ignore[index]
+    values = con.execute(f"SELECT {', '.join(checks(sides))} FROM ({sql(sides)})").fetchone()
     con.close()
-    return int(count)
+    return [str(v) for v in values]  # type: ignore[union-attr]
+
+
+def expected_rows(files: Path, sides: list[tuple[str, str, int]]) -> int:
+    """The chain's result rows over every file, sentinels included, counted by DuckDB."""
+    return int(expected_checks(files, sides)[0])
 
 
 def dataframe(spark: Any, files: Path, sides: list[tuple[str, str, int]]) -> Any:

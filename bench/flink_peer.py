@@ -5,9 +5,11 @@ PyFlink from PyPI (``pip install -e '.[peers]'``) runs a local mini cluster in t
 gateway JVM, parallelism 2, RocksDB state. The streams are the workload's CSV files, read by a file
 source that keeps watching its directory (so the job keeps running and a savepoint can be taken
 once every row is in). Flink's regular LEFT join puts out a NULL-padded row at once and retracts it
-when a match comes, so the result is counted (``COUNT(*)`` over the chain, one row of state): the
-run is complete when the count equals the expected rows and stays there. Measured: the time until
-the count last changed, the state's exact size (a savepoint's files), and the JVM's peak resident memory.
+when a match comes, so the result is aggregated (``COUNT(*)`` over the chain and the other checks of
+``enrichment.checks``: each stream's matched rows and column sums; one row of state): the run is
+complete when the count equals the expected rows and stays there, and its output is checked by those
+aggregates against DuckDB's (Flink has no xxhash64 to hash its rows as Spark does). Measured: the time
+until the count last changed, the state's exact size (a savepoint's files), and the JVM's peak resident memory.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _columns(name: str) -> str:
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Runs the chain of `spec` (files, tables, sql, expected_rows, multi_join, timeout_s) and measures it."""
+    """Runs the chain of `spec` (files, tables, sql, checks, expected_rows, multi_join, timeout_s) and measures it."""
     from pyflink.common import RowKind
     from pyflink.java_gateway import get_gateway
     from pyflink.table import EnvironmentSettings, TableEnvironment
@@ -57,16 +59,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for name in spec["tables"]:
         env.execute_sql(f"CREATE TABLE {name} ({_columns(name)}) WITH ('connector' = 'filesystem', "
                         f"'path' = '{Path(spec['files']) / 'csv' / name}', 'format' = 'csv', 'source.monitor-interval' = '1h')")
-    query = f"SELECT COUNT(*) FROM ({spec['sql']})"
+    query = f"SELECT {', '.join(spec['checks'])} FROM ({spec['sql']})"  # COUNT(*) first
     plan = env.explain_sql(query)
     start = time.perf_counter()
     result = env.execute_sql(query)
     counts: list[tuple[float, int]] = []
+    checked: list[list[str]] = []
 
     def follow() -> None:
         with result.collect() as rows:
             for row in rows:
                 if row.get_row_kind() in (RowKind.INSERT, RowKind.UPDATE_AFTER):
+                    checked.append([str(v) for v in row])  # (before the count that says the run is complete)
                     counts.append((time.perf_counter() - start, int(row[0])))
 
     threading.Thread(target=follow, daemon=True).start()
@@ -92,6 +96,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     pid = gateway.jvm.java.lang.ProcessHandle.current().pid()
     rss = peak_rss_bytes(pid)
     return {"seconds": counts[-1][0] if counts and error is None else None, "error": error, "output_rows": counts[-1][1] if counts else None,
+            "checks": checked[-1] if checked else None,
             "state_bytes": state_bytes, "peak_rss_bytes": rss, "multi_join_in_plan": "MultiJoin" in plan}
 
 

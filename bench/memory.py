@@ -1,15 +1,16 @@
 """`python -m bench memory` (make bench-memory): the paper's memory experiment (000, 4.2, Fig. 5-7), at this
 machine's scale. Not a test: it prints and writes what it measured.
 
-The paper's 4-way TPC-DS join (2,157,897 rows at SF 1) is counted row by row without keeping
-anything (the paper's black hole), in these settings:
+The paper's 4-way TPC-DS join (2,157,897 rows at SF 1) is hashed row by row without keeping
+anything (the paper's black hole; the rows' fingerprint of bench/outputs.py, by which every run's
+output is compared with Spark's as a multiset), in these settings:
 
 - Spark's own plan (UMJoin off), and UMJoin with each state backend: memory, rocksdb, auto;
 - a sweep of driver memory caps (Fig. 5a-c, 6), and, since the state of SF 1 fits even the smallest
   cap Spark accepts, a sweep of the execution memory Spark grants at 1g (``spark.memory.fraction``)
   that pushes the stores beyond memory;
 - for each run: completed or failed (with the error), run time, peak resident memory of the JVM and
-  its peak heap, result rows, bytes shuffled and spilled, and the stores' RocksDB figures;
+  its peak heap, result rows and their hash, bytes shuffled and spilled, and the stores' RocksDB figures;
 - memtable and block-cache sweeps of the RocksDB store (Fig. 7a, 7b).
 
 Every run starts its own JVM, so memory figures are per run.
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import peak_rss_bytes
+from bench import outputs, peak_rss_bytes
 
 __all__ = ["MODES", "run_memory_bench"]
 
@@ -57,18 +58,19 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     for conf in spec["confs"]:
         for key, value in conf.items():
             spark.conf.set(key, value)
-        times, rows, error, df = [], None, None, None
+        times, hashed, error, df = [], [], None, None
         for _ in range(spec["repetitions"]):
-            df = spark.sql(tpcds.FOUR_WAY_QUERY)
+            joined = spark.sql(tpcds.FOUR_WAY_QUERY)
+            df = joined.agg(*outputs.aggregates(joined))
             start = time.perf_counter()
             try:
-                rows = df._jdf.queryExecution().toRdd().count()  # every row produced, none kept
+                hashed.append(outputs.fingerprint(df.collect()[0]))  # every row produced and hashed, none kept
                 times.append(time.perf_counter() - start)
             except Exception as e:  # the run failed: report why, as the paper reports early termination
                 error = next((line for line in str(e).splitlines() if "Error" in line or "Exception" in line), str(e).splitlines()[0])
                 break
         metrics = _metrics(plans.physical_plan(df)) if df is not None else {}
-        runs.append({"conf": conf, "seconds": times, "rows": rows, "error": error, "metrics": metrics})
+        runs.append({"conf": conf, "seconds": times, "outputs": hashed, "error": error, "metrics": metrics})
         for key in conf:
             spark.conf.unset(key)
     jvm = spark._jvm
@@ -107,13 +109,14 @@ def _spawn(spec: dict[str, Any], timeout: int = 1800) -> dict[str, Any]:
     lines = [l for l in outcome.stdout.splitlines() if l.startswith("{")]
     if outcome.returncode != 0 or not lines:
         tail = outcome.stderr.strip().splitlines()[-3:]
-        return {"runs": [{"conf": c, "seconds": [], "rows": None, "error": f"JVM ended: {' | '.join(tail)}", "metrics": {}} for c in spec["confs"]],
+        return {"runs": [{"conf": c, "seconds": [], "outputs": [], "error": f"JVM ended: {' | '.join(tail)}", "metrics": {}} for c in spec["confs"]],
                 "peak_rss_bytes": None, "peak_heap_bytes": None}
     return json.loads(lines[-1])
 
 
 def _row(point: dict[str, Any], mode: str, result: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    return {**point, "mode": mode, "completed": run["error"] is None, "error": run["error"], "rows": run["rows"],
+    return {**point, "mode": mode, "completed": run["error"] is None, "error": run["error"],
+            "rows": run["outputs"][-1]["rows"] if run["outputs"] else None, "outputs": run["outputs"],
             "seconds": statistics.median(run["seconds"]) if run["seconds"] else None,
             "peak_rss_bytes": result["peak_rss_bytes"], "peak_heap_bytes": result["peak_heap_bytes"], **run["metrics"]}
 
@@ -128,7 +131,8 @@ def run_memory_bench(sf: float, out: Path, repetitions: int = 2) -> Path:
         rows.append(row)
         state = "ok" if row["completed"] else f"FAILED: {row['error']}"
         seconds = f"{row['seconds']:.1f}s" if row["seconds"] else "-"
-        print(f"{row['sweep']:>9} {row['setting']:>10} {row['mode']:>15}  {seconds:>7}  rows {row['rows']}  "
+        print(f"{row['sweep']:>9} {row['setting']:>10} {row['mode']:>15}  {seconds:>7}  rows {row['rows']} "
+              f"(hash {outputs.shown(row['outputs'][-1] if row['outputs'] else None)})  "
               f"rss {_mb(row['peak_rss_bytes'])}  shuffled {_mb(row.get('shuffle_bytes'))}  spilled {_mb(row.get('spill_bytes'))}  {state}", flush=True)
 
     for memory in DRIVER_MEMORY:  # Fig. 5a-c, 6: the JVM's memory
@@ -148,6 +152,10 @@ def run_memory_bench(sf: float, out: Path, repetitions: int = 2) -> Path:
         for run in result["runs"]:  # one JVM for the sweep: its memory figures are for the whole sweep
             report(_row({"sweep": sweep, "setting": run["conf"][key]}, "umjoin-rocksdb", result, run))
 
+    # Every repetition of every run against the first output of Spark's plan.
+    reference = next((r["outputs"][0] for r in rows if r["mode"] == "spark" and r["outputs"]), None)
+    for row in rows:
+        row["same_output"] = bool(row["outputs"]) and all(outputs.equal(o, reference) for o in row["outputs"])
     out.mkdir(parents=True, exist_ok=True)
     name = f"memory_tpcds_sf{sf:g}"
     (out / f"{name}.json").write_text(json.dumps({"sf": sf, "expected_rows": tpcds.FOUR_WAY_ROWS_SF1 if sf == 1 else None,
@@ -163,22 +171,25 @@ def _mb(value: Any) -> str:
 
 
 def _markdown(sf: float, rows: list[dict[str, Any]]) -> str:
-    lines = [f"# The paper's 4-way TPC-DS join at SF {sf:g}: memory, state and time (local[2], {SHUFFLE_PARTITIONS} partitions)", ""]
+    lines = [f"# The paper's 4-way TPC-DS join at SF {sf:g}: memory, state and time (local[2], {SHUFFLE_PARTITIONS} partitions)", "",
+             f"Each run hashes the join's rows and keeps none. Same output: every repetition's as the first of Spark's plan, "
+             f"{outputs.COMPARED}.", ""]
     titles = {"driver": "Driver memory caps (Fig. 5a-c, 6)", "execution": "Execution memory at 1g driver memory (spark.memory.fraction)",
               "memtable": "RocksDB memtable size, block cache 16m (Fig. 7b)", "cache": "RocksDB block cache size, memtable 256k (Fig. 7a)"}
     for sweep, title in titles.items():
-        lines += [f"## {title}", "", "| setting | mode | result | time (s) | rows | peak RSS | peak heap | shuffled | spilled | "
+        lines += [f"## {title}", "", "| setting | mode | result | time (s) | rows | output hash | same output | peak RSS | peak heap | shuffled | spilled | "
                   "intermediate join rows | store bytes | RocksDB memtable | RocksDB disk | cache hits | cache misses | moved to RocksDB |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in (r for r in rows if r["sweep"] == sweep):
             result = "ok" if r["completed"] else f"failed: {r['error'][:120]}"
             lines.append(
-                f"| {r['setting']} | {r['mode']} | {result} | {r['seconds']:.1f} | {r['rows']} | {_mb(r['peak_rss_bytes'])} | {_mb(r['peak_heap_bytes'])} | "
+                f"| {r['setting']} | {r['mode']} | {result} | {r['seconds']:.1f} | {r['rows']} | {outputs.shown(r['outputs'][-1])} | "
+                f"{'yes' if r['same_output'] else 'NO'} | {_mb(r['peak_rss_bytes'])} | {_mb(r['peak_heap_bytes'])} | "
                 f"{_mb(r.get('shuffle_bytes'))} | {_mb(r.get('spill_bytes'))} | {r.get('intermediate_join_rows', '-')} | {_mb(r.get('store_bytes'))} | "
                 f"{_mb(r.get('rocksdb_memtable_bytes'))} | {_mb(r.get('rocksdb_disk_bytes'))} | {r.get('rocksdb_cache_hits', '-')} | "
                 f"{r.get('rocksdb_cache_misses', '-')} | {r.get('stores_moved_to_rocksdb', '-')} |"
                 if r["seconds"] is not None else
-                f"| {r['setting']} | {r['mode']} | {result} | - | - | {_mb(r['peak_rss_bytes'])} | {_mb(r['peak_heap_bytes'])} | | | | | | | | | |"
+                f"| {r['setting']} | {r['mode']} | {result} | - | - | - | - | {_mb(r['peak_rss_bytes'])} | {_mb(r['peak_heap_bytes'])} | | | | | | | | | |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ its input's route, then is stored). Every run starts from one of the 24 initial 
 Wr, Sr (each input probes the others in that order) under one policy; the adaptive ones choose
 again every T arrivals from the forecast of the last L cycles. Runs of one initial order share a
 task, one after the other, so they see the same machine state; every run must produce the same
-result rows as Spark without UMJoin. Time is the replay's own (first arrival to last); probe work
+result rows as Spark without UMJoin, compared as multisets: the count and the replay's checksum
+(the sum of a hash of every row, with each input's NULL mask hashed ahead of its columns). Time is the replay's own (first arrival to last); probe work
 (probes + matches) is reported beside it because it does not depend on the machine's noise.
 """
 
@@ -22,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from bench import outputs
+from umjoin import tpcds
+from umjoin.local import temporary_conf
 
 __all__ = ["run_probe_order_bench"]
 
@@ -45,35 +51,55 @@ PAPER = {"dpPick fastest (of 24)": 22, "dpPick vs fixedOrder": -31.2, "dpPick vs
          "dpPick_matchCost faster than fixedOrder (of 24)": 18, "dpPick faster than dpPick_noSmooth (of 24)": 22}
 
 
+def _register_with_null_masks(spark: SparkSession, directory: Path) -> None:
+    """The 4-way join's tables, each with its NULL masks (bench/outputs.py) as its first columns: the replay's checksum, the
+    testkit's, hashes the result's columns with xxhash64, which skips NULLs; each input's masks, never NULL, ahead of its
+    columns say which of them follow, so that the checksum tells (1, NULL) from (NULL, 1). One BIGINT more per stored row."""
+    for table in tpcds.FOUR_WAY_TABLES:
+        df = spark.read.parquet(str(directory / f"{table}.parquet"))
+        masks = [mask.alias(f"{table}_nulls{k}") for k, mask in enumerate(outputs.null_masks([df[c] for c in df.columns]))]
+        df.select(*masks, "*").createOrReplaceTempView(table)
+
+
+def _sparks_output(spark: SparkSession, columns: str) -> dict[str, int]:
+    """Spark's own result (UMJoin off): its rows, and the replay's checksum over the same `columns` (`<input>.<column>`, the
+    replay's order)."""
+    names = [c.split(".", 1)[1] for c in columns.split(",")]
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        low_bits = F.xxhash64(*names).bitwiseAND(F.lit(0xFFFFFFFF))
+        rows, checksum = spark.sql(tpcds.FOUR_WAY_QUERY).agg(F.count(F.lit(1)), F.sum(low_bits)).first()
+    return {"rows": rows, "checksum": checksum or 0}
+
+
 def _name(order: tuple[str, ...]) -> str:
     return "".join(SHORT[t] for t in order)
 
 
 def run_probe_order_bench(spark: SparkSession, sf: float, out: Path, backend: str, cycle_rows: int, history: int,
                           periods: list[int], histories: list[int], repetitions: int, seed: int = 42) -> Path:
-    from umjoin import tpcds
-
     spark.conf.set("spark.sql.adaptive.enabled", "false")  # the replay reads the final plan
-    tpcds.register(spark, tpcds.generate(sf))
-    spark.conf.set("spark.umjoin.enabled", "false")
-    expected = spark.sql(tpcds.FOUR_WAY_QUERY).count()
+    _register_with_null_masks(spark, tpcds.generate(sf))
     spark.conf.set("spark.umjoin.enabled", "true")
     replay = spark.sparkContext._jvm.umjoin.spark.testkit.ArrivalReplay.prepare(spark.sql(tpcds.FOUR_WAY_QUERY)._jdf)
+    columns = replay.resultColumns()
+    expected = _sparks_output(spark, columns)
     base = {"spark.umjoin.stateBackend": backend, "spark.umjoin.dpPick.cycleRows": str(cycle_rows),
             "spark.umjoin.dpPick.history": str(history)}
     arrivals = spark.sql("SELECT " + " + ".join(f"(SELECT count(*) FROM {t})" for t in tpcds.FOUR_WAY_TABLES)).first()[0]
-    print(f"TPC-DS SF {sf:g}: {arrivals} arrivals, {expected} result rows (Spark without UMJoin); backend {backend}, "
+    print(f"TPC-DS SF {sf:g}: {arrivals} arrivals, {expected['rows']} result rows, checksum {expected['checksum']} "
+          f"(Spark without UMJoin); backend {backend}, "
           f"T = {cycle_rows} arrivals, L = {history} cycles", flush=True)
 
     def run(order: tuple[str, ...], runs: list[tuple[str, dict[str, str]]]) -> list[dict[str, Any]]:
         """The runs from one initial order in one task, `repetitions` times; per run the median time."""
-        request = {"seed": seed, "runs": [{"initialOrder": list(order), "conf": {**base, **conf}} for _, conf in runs]}
+        request = {"seed": seed, "checksum": True, "runs": [{"initialOrder": list(order), "conf": {**base, **conf}} for _, conf in runs]}
         rounds = [json.loads(replay.replayJson(json.dumps(request))) for _ in range(repetitions)]
         results = []
         for k, (label, conf) in enumerate(runs):
             measured = [r[k] for r in rounds]
-            if any(m["rows"] != expected for m in measured):
-                raise AssertionError(f"{_name(order)} {label}: {[m['rows'] for m in measured]} result rows, Spark gives {expected}")
+            found = [{"rows": m["rows"], "checksum": m["checksum"]} for m in measured]
+            if any(f != expected for f in found):
+                raise AssertionError(f"{_name(order)} {label}: result rows and checksums {found}, Spark's {expected}: not the same rows")
             result = dict(measured[0], seconds=statistics.median(m["seconds"] for m in measured),
                           all_seconds=[m["seconds"] for m in measured], policy=label, order=_name(order),
                           work=measured[0]["probes"] + measured[0]["matches"], conf=conf)
@@ -105,7 +131,8 @@ def run_probe_order_bench(spark: SparkSession, sf: float, out: Path, backend: st
     summary = _summary(comparative)
     out.mkdir(parents=True, exist_ok=True)
     name = f"probe_order_tpcds_sf{sf:g}_{backend}"
-    setup = {"sf": sf, "backend": backend, "arrivals": arrivals, "expected_rows": expected, "T": cycle_rows, "L": history,
+    setup = {"sf": sf, "backend": backend, "arrivals": arrivals, "expected_rows": expected["rows"], "expected_checksum": expected["checksum"],
+             "checksum_columns": columns, "T": cycle_rows, "L": history,
              "repetitions": repetitions, "seed": seed, "minutes": round((time.perf_counter() - started) / 60, 1)}
     (out / f"{name}.json").write_text(json.dumps({"setup": setup, "summary": summary, "paper": PAPER, "comparative": comparative,
                                                   "period_sweep": period_sweep, "history_sweep": history_sweep}, indent=1) + "\n")
@@ -154,7 +181,10 @@ def _markdown(setup: dict[str, Any], summary: dict[str, Any], comparative: list[
     lines = [
         f"# Probe order (paper 001): the 4-way TPC-DS join at SF {setup['sf']:g}, arrivals replayed in random order",
         "",
-        f"{setup['arrivals']} arrivals (seed {setup['seed']}), {setup['expected_rows']} result rows in every run (= Spark without UMJoin); "
+        f"{setup['arrivals']} arrivals (seed {setup['seed']}), {setup['expected_rows']} result rows with checksum {setup['expected_checksum']} "
+        "in every run, the same rows as Spark's without UMJoin (outputs compared as multisets: the testkit's order-independent checksum "
+        "of every row, the sum of xxhash64's low 32 bits over its columns, each input's led by its NULL mask so that the hash tells "
+        "where the NULLs are; computed in each replay's timed loop, the same work in every run); "
         f"stores: `{setup['backend']}`; T = {setup['T']} arrivals, L = {setup['L']} cycles; median of {setup['repetitions']} "
         f"replay(s) per cell; whole experiment {setup['minutes']} min. Command: `make bench-probe-order`.",
         "",

@@ -10,10 +10,11 @@ over as many state partitions (paper 004's ring of N nodes), UMJoin as a user ru
 partitions, `spark.umjoin.timeSlices=auto`: as many slices as cores at first, then per stream the count the cost
 model favours), and what a Spark user can do today: a `foreachBatch` over the three streams' union that keeps each stream's window and
 joins, every micro-batch, the windows with the new rows (the combinations with at least one new row:
-the delta rule by hand). Per run: total time, median and largest micro-batch, output rows (equal in
-every run), predicate calls (the Python UDF's, counted by an accumulator), UMJoin's partial
-combinations sent between partitions and rows tested by its conditions, state rows per partition at
-the middle micro-batch, peak RSS.
+the delta rule by hand). Per run: total time, median and largest micro-batch, output rows and the
+output's fingerprint (bench/outputs.py: every run's output, compared as a multiset, must be the same),
+predicate calls (the Python UDF's, counted by an accumulator), UMJoin's partial combinations sent
+between partitions and rows tested by its conditions, state rows per partition at the middle
+micro-batch, peak RSS.
 
 Then two streams a and b, denser (`PAIR_ROWS` at `PAIR_PER_SECOND`), b within 10 s of a and similar to it, over 8
 partitions: Spark's join keyed by the slice (`spark.umjoin.minInputs=3`: all its state in one partition) against the
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench import reported_on_fresh_checkpoint
+from bench import outputs, reported_on_fresh_checkpoint
 
 __all__ = ["PREDICATES", "SLICE_COUNTS", "run_pair_bench", "run_psp_bench"]
 
@@ -112,9 +113,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["run"] == "pair":  # a joined with b: Spark's join keyed by the slice, or a StreamingUMJoin, as spark.umjoin.minInputs says
         w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES[:2]}
         joined = w["a"].join(w["b"], near("b_ts", "a_ts") & similarity("a_vec", "b_vec")).select("a_id", "b_id")
-        query = joined.writeStream.format("memory").queryName("pair").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+        query = (outputs.observed(joined).writeStream.format("memory").queryName("pair").option("checkpointLocation", spec["checkpoint"])
+                 .trigger(availableNow=True).start())
         query.awaitTermination()
-        output = spark.table("pair").count()
+        output = outputs.observed_output(query.recentProgress)
         middle = query.recentProgress[len(query.recentProgress) // 2]["batchId"]
         stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), middle))  # type: ignore[union-attr]
         # The stored rows: UMJoin's input stores; Spark's stores of rows by key and index (the others count keys).
@@ -127,9 +129,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         w = {n: source(n).withWatermark(f"{n}_ts", "5 seconds") for n in NAMES}
         ab = w["a"].join(w["b"], near("b_ts", "a_ts")).withMetadata("a_ts", {})
         joined = ab.join(w["c"], near("c_ts", "b_ts") & similarity("a_vec", "c_vec")).select("a_id", "b_id", "c_id")
-        query = joined.writeStream.format("memory").queryName("psp").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+        query = (outputs.observed(joined).writeStream.format("memory").queryName("psp").option("checkpointLocation", spec["checkpoint"])
+                 .trigger(availableNow=True).start())
         query.awaitTermination()
-        output = spark.table("psp").count()
+        output = outputs.observed_output(query.recentProgress)
         middle = query.recentProgress[len(query.recentProgress) // 2]["batchId"]
         stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), middle))  # type: ignore[union-attr]
         per_partition = [sum(s["rows"] for s in stores if s["partition"] == p and "-index-" not in s["store"]) for p in range(partitions)]
@@ -141,7 +144,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         tested = sum(m[f"conditionChecksInput{i}"] for m in metrics for i in range(len(NAMES)))
     else:
         windows: dict[str, DataFrame] = {}
-        counted = [0]
+        found: list[dict[str, int]] = []
 
         def join_with_windows(batch: DataFrame, batch_id: int) -> None:
             """The combinations with at least one new row: each stream's window so far, plus its new rows, flagged."""
@@ -153,7 +156,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                 sides[n] = sides[n].localCheckpoint()
             ab = sides["a"].join(sides["b"], near("b_ts", "a_ts"))
             abc = ab.join(sides["c"], near("c_ts", "b_ts") & (F.col("a_new") | F.col("b_new") | F.col("c_new")))
-            counted[0] += abc.where(similarity("a_vec", "c_vec")).count()
+            # Fingerprinted as UMJoin's output is observed: the hash is part of both runs' work.
+            found.append(outputs.fingerprint_of(abc.where(similarity("a_vec", "c_vec")).select("a_id", "b_id", "c_id")))
             newest = batch.agg(F.max("ts")).first()[0]
             for n in NAMES:  # Rows more than two windows before the newest can join no later row (no row is late here).
                 kept = sides[n].withColumn(f"{n}_new", F.lit(False))
@@ -166,13 +170,14 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         assert union is not None
         query = union.writeStream.foreachBatch(join_with_windows).option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
         query.awaitTermination()
-        output = counted[0]
+        output = outputs.union(found)
         per_partition = [sum(windows[n].count() for n in NAMES)]
         sliced = False
         shipped = tested = slices = None
     seconds = time.time() - started
     durations = [p["durationMs"]["triggerExecution"] for p in query.recentProgress]
-    return {"seconds": seconds, "output_rows": output, "predicate_calls": calls.value if spec["predicate"] == "python" else None, "batch_ms": durations,
+    return {"seconds": seconds, "output": output, "output_rows": output["rows"] if output else None,
+            "predicate_calls": calls.value if spec["predicate"] == "python" else None, "batch_ms": durations,
             "state_rows_per_partition": per_partition, "sliced": sliced, "slices": slices, "shipped": shipped, "rows_tested": tested, "peak_rss": peak_rss_bytes(spark.sparkContext._jvm.ProcessHandle.current().pid())}  # type: ignore[union-attr]
 
 
@@ -191,7 +196,8 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"run": spec["name"], "predicate": spec["predicate"], "partitions": spec["partitions"], **reported}
     result["median_batch_ms"] = statistics.median(result["batch_ms"])
     print(f"{spec['predicate']:>6} {spec['name']:>22}: {result['seconds']:.1f} s, median batch {result['median_batch_ms']:.0f} ms, largest "
-          f"{max(result['batch_ms'])} ms, output {result['output_rows']}, predicate calls {result['predicate_calls']}, "
+          f"{max(result['batch_ms'])} ms, output {result['output_rows']} (hash {outputs.shown(result['output'])}), "
+          f"predicate calls {result['predicate_calls']}, "
           f"state rows per partition {result['state_rows_per_partition']}", flush=True)
     return result
 
@@ -225,18 +231,19 @@ def run_psp_bench(out: Path, rows: int, per_second: int, batches: int, dim: int)
         one = runs[1]
         lines += [f"Similarity as {'a Python UDF' if result['predicate'] == 'python' else 'a SQL expression'}:", "",
                   "| run | total s | / 1 slice | throughput (input rows/s) | median batch ms (/ 1 slice) | largest batch ms | output rows | "
-                  "predicate calls | sent | tested | slices at the end (a, b, c) | state rows per partition (middle batch) | peak RSS |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "output hash | predicate calls | sent | tested | slices at the end (a, b, c) | state rows per partition (middle batch) | peak RSS |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             calls = r["predicate_calls"] if r["predicate_calls"] is not None else "not counted"
             lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['seconds'] / one['seconds']:.2f} | {3 * rows / r['seconds']:.0f} | "
                          f"{r['median_batch_ms']:.0f} ({r['median_batch_ms'] / one['median_batch_ms']:.2f}) | {max(r['batch_ms'])} | "
-                         f"{r['output_rows']} | {calls} | {r.get('shipped') if r.get('shipped') is not None else '-'} | "
+                         f"{r['output_rows']} | {outputs.shown(r['output'])} | {calls} | {r.get('shipped') if r.get('shipped') is not None else '-'} | "
                          f"{r.get('rows_tested') if r.get('rows_tested') is not None else '-'} | "
                          f"{', '.join(map(str, r['slices'])) if r.get('slices') else '-'} | {', '.join(map(str, r['state_rows_per_partition']))} | {r['peak_rss'] / 2**20:.0f} MB |")
         lines.append("")
-    equal = len({r["output_rows"] for result in results for r in result["runs"]}) == 1
-    lines.append(f"Output rows equal in every run: {'yes' if equal else 'NO'}.")
+    runs = [r for result in results for r in result["runs"]]
+    equal = all(outputs.equal(r["output"], runs[0]["output"]) for r in runs)
+    lines.append(f"Outputs equal in every run: {'yes' if equal else 'NO'} ({outputs.COMPARED}).")
     (out / "psp.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out / "psp.md"
@@ -264,16 +271,17 @@ def run_pair_bench(out: Path, batches: int, dim: int) -> Path:
              f"of {dim} floats each), {batches} micro-batches, {PAIR_PARTITIONS} shuffle partitions, local[2]; b within {WINDOW_SECONDS} s "
              "of a and similar to it (as in psp.md). Spark's join keyed by the slice, all its state in one partition (what UMJoin did "
              "with two inputs before `spark.umjoin.minInputs=auto`), against a StreamingUMJoin (the default now: slices `auto`, 2).", "",
-             "| similarity | run | total s | / Spark's join | median batch ms | output rows | predicate calls | stored rows per partition (middle batch) | peak RSS |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| similarity | run | total s | / Spark's join | median batch ms | output rows | output hash | predicate calls | "
+             "stored rows per partition (middle batch) | peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for spark_join, umjoin in zip(results[::2], results[1::2]):
         for r in (spark_join, umjoin):
             calls = r["predicate_calls"] if r["predicate_calls"] is not None else "not counted"
             lines.append(f"| {r['predicate']} | {r['run']} | {r['seconds']:.1f} | {r['seconds'] / spark_join['seconds']:.2f} | "
-                         f"{r['median_batch_ms']:.0f} | {r['output_rows']} | {calls} | {', '.join(map(str, r['state_rows_per_partition']))} | "
+                         f"{r['median_batch_ms']:.0f} | {r['output_rows']} | {outputs.shown(r['output'])} | {calls} | {', '.join(map(str, r['state_rows_per_partition']))} | "
                          f"{r['peak_rss'] / 2**20:.0f} MB |")
-    equal = len({r["output_rows"] for r in results}) == 1
-    lines += ["", f"Output rows equal in every run: {'yes' if equal else 'NO'}."]
+    equal = all(outputs.equal(r["output"], results[0]["output"]) for r in results)
+    lines += ["", f"Outputs equal in every run: {'yes' if equal else 'NO'} ({outputs.COMPARED})."]
     (out / "psp_pair.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out / "psp_pair.md"

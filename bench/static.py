@@ -9,7 +9,8 @@ orders under skew. The broadcast threshold is lowered so that ``nation`` is broa
 ``customer`` every micro-batch) and UMJoin with ``spark.umjoin.staticCache`` = off, ssbj and all
 (``customer`` loaded once into RocksDB stores; probed through the cache). Each configuration runs in
 a JVM of its own; the figures are per batch and in total: time, cache hits and misses, cached keys
-and bytes, bytes read from RocksDB.
+and bytes, bytes read from RocksDB; and the output's fingerprint, observed inside the query
+(bench/outputs.py), by which each run's output is compared with Spark's as a multiset.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import reported_on_fresh_checkpoint
+from bench import outputs, reported_on_fresh_checkpoint
 
 __all__ = ["SKEWS", "run_static_bench"]
 
@@ -85,12 +86,14 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     orders = Path(spec["stream"]) / "orders"
     schema = spark.read.parquet(str(next(orders.glob("*.parquet")))).schema
     spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(orders)).createOrReplaceTempView("orders")
-    query = spark.sql(QUERY).writeStream.format("noop").option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start()
+    query = (outputs.observed(spark.sql(QUERY)).writeStream.format("noop").option("checkpointLocation", spec["checkpoint"])
+             .trigger(availableNow=True).start())
     start = time.perf_counter()
     query.awaitTermination()
     seconds = time.perf_counter() - start
     batches = []
-    for p in query.recentProgress:
+    progress = query.recentProgress
+    for p in progress:
         umjoin = [op for op in p["stateOperators"] if op["operatorName"] == "umJoin"]
         custom = umjoin[0]["customMetrics"] if umjoin else {}
 
@@ -98,14 +101,15 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             return sum(v for k, v in custom.items() if k.startswith(prefix))
         batches.append({
             "batch": p["batchId"], "duration_ms": p["durationMs"].get("triggerExecution", 0), "input_rows": p["numInputRows"],
-            "output_rows": p["sink"].get("numOutputRows", -1), "hits": metric("staticCacheHitsInput"), "misses": metric("staticCacheMissesInput"),
+            "output_rows": p["sink"].get("numOutputRows", -1), "output": outputs.observed_fingerprint(p),
+            "hits": metric("staticCacheHitsInput"), "misses": metric("staticCacheMissesInput"),
             "cached_keys": metric("staticCachedKeysInput"), "cached_bytes": metric("staticCachedBytesInput"),
             "disk_bytes": metric("staticDiskBytesInput"), "loads": metric("staticLoadsInput"),
             "rocksdb_bytes_read": custom.get("rocksdbTotalBytesReadThroughIterator", 0) + custom.get("rocksdbTotalBytesRead", 0),
         })
     executed = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
     spark.stop()
-    return {"seconds": seconds, "batches": batches, "umjoin_in_plan": "StreamingUMJoin " in executed}
+    return {"seconds": seconds, "batches": batches, "output": outputs.observed_output(progress), "umjoin_in_plan": "StreamingUMJoin " in executed}
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +126,8 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         "disk_bytes": b[-1]["disk_bytes"] if b else 0, "loads": sum(x["loads"] for x in b),
         "rocksdb_bytes_read": sum(x["rocksdb_bytes_read"] for x in b),
     })
-    print(f"zipf {spec['skew']:<3g} {spec['name']:>12}: {result['seconds']:.1f} s, output {result['output_rows']}, "
+    print(f"zipf {spec['skew']:<3g} {spec['name']:>12}: {result['seconds']:.1f} s, "
+          f"output {result['output_rows']} (hash {outputs.shown(result['output'])}), "
           f"hit ratio {_pct(result['hit_ratio'])}, cached keys {result['cached_keys']}, cache {_mb(result['cached_bytes'])}, "
           f"read from RocksDB {_mb(result['rocksdb_bytes_read'])}", flush=True)
     return result
@@ -145,6 +150,8 @@ def run_static_bench(sf: float, batches: int, out: Path) -> Path:
         stream = skewed_orders(sf, batches, skew)
         runs = [_run({"name": name, "cache": cache, "skew": skew, "sf": sf, "stream": str(stream),
                       "checkpoint": str(out / "static-checkpoints" / f"{name}-{skew:g}")}) for name, cache in RUNS]
+        for run in runs:
+            run["same_output"] = outputs.equal(run["output"], runs[0]["output"])
         results.append({"skew": skew, "runs": runs})
     subprocess.run(["rm", "-rf", str(out / "static-checkpoints")], check=True)
     stem = f"static_sf{sf:g}"
@@ -153,15 +160,18 @@ def run_static_bench(sf: float, batches: int, out: Path) -> Path:
     lines = [f"# Stream-static join: TPC-H orders as a stream, customer and nation static (SF {sf:g})", "",
              f"`python -m bench static --sf {sf:g} --batches {batches}`: {batches} micro-batches of orders in random order, each order's customer "
              f"drawn with Zipf skew; `nation` broadcast, `customer` not (`spark.sql.autoBroadcastJoinThreshold={BROADCAST_THRESHOLD}`, AQE on as by default); "
-             f"RocksDB state store, {STATE_PARTITIONS} state partitions; one JVM per run. Time ratio: the run's total time / Spark's.", "",
-             "| Zipf | run | total s | / Spark | median batch ms | output rows | hit ratio | cached keys (% of customers) | cache memory | store on disk | read from RocksDB | loads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"RocksDB state store, {STATE_PARTITIONS} state partitions; one JVM per run. Time ratio: the run's total time / Spark's. "
+             f"Same output: as Spark's, {outputs.COMPARED}.", "",
+             "| Zipf | run | total s | / Spark | median batch ms | output rows | output hash | same output | hit ratio | "
+             "cached keys (% of customers) | cache memory | store on disk | read from RocksDB | loads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         spark_seconds = r["runs"][0]["seconds"]
         for run in r["runs"]:
             umjoin = run["run"] != "spark"
             lines.append(f"| {r['skew']:g} | {run['run']} | {run['seconds']:.1f} | {run['seconds'] / spark_seconds:.2f} | {run['median_batch_ms']:.0f} | "
-                         f"{run['output_rows']} | {_pct(run['hit_ratio']) if umjoin else '-'} | "
+                         f"{run['output_rows']} | {outputs.shown(run['output'])} | {'yes' if run['same_output'] else 'NO'} | "
+                         f"{_pct(run['hit_ratio']) if umjoin else '-'} | "
                          f"{run['cached_keys']} ({100 * run['cached_keys'] / customers:.1f} %) | {_mb(run['cached_bytes']) if umjoin else '-'} | "
                          f"{_mb(run['disk_bytes']) if umjoin else '-'} | {_mb(run['rocksdb_bytes_read']) if umjoin else '-'} | {run['loads'] if umjoin else '-'} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -7,14 +7,15 @@ micro-batch (the paper fed CSV through Kafka in random order), all runs with the
 - ``tpcds``: the paper's 4-way TPC-DS join over four streams, all on one key (the address).
   Spark's chained stream-stream joins keep the lower joins' results as state; UMJoin keeps only the
   four inputs. A memory-capped round repeats the runs with less driver memory (paper Fig. 5a-c), with
-  the in-memory state store too. The result must be 2,157,897 rows at SF 1 both ways.
+  the in-memory state store too. The result must be 2,157,897 rows at SF 1, the same rows both ways.
 - ``tpch``: the join blocks of TPC-H Q3, Q5, Q9 and Q10 (``umjoin.streams.join_block``) as streams,
   joined over several key classes: UMJoin's stores partitioned by the probe-cost model's choice
   against Spark's chained stream-stream joins.
 
 Each run has its own JVM and reports per batch: duration, rows in and out, state rows, index
 entries and bytes (UMJoin per input), partial combinations shipped between stores, and at the end
-peak memory (the JVM's resident set high-water mark).
+peak memory (the JVM's resident set high-water mark). Each run's output is fingerprinted inside the
+query, per micro-batch (bench/outputs.py), and Spark's and UMJoin's compared as multisets.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment, peak_rss_bytes, reported_by, reported_on_fresh_checkpoint, with_testkit
+from bench import enrichment, outputs, peak_rss_bytes, reported_by, reported_on_fresh_checkpoint, with_testkit
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -83,7 +84,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     spark.conf.set("spark.umjoin.enabled", str(spec["umjoin"]).lower())
     for key, value in spec["settings"].items():  # settings given with --conf (UMJoin runs only)
         spark.conf.set(key, value)
-    query = (_streaming_query(spark, spec).writeStream.format("noop")
+    query = (outputs.observed(_streaming_query(spark, spec)).writeStream.format("noop")
              .option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start())
     start = time.perf_counter()
     error = None
@@ -93,7 +94,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         error = next((l for l in str(e).splitlines() if "Error" in l or "Exception" in l), str(e).splitlines()[0])[:300]
     seconds = time.perf_counter() - start
     batches = []
-    for p in query.recentProgress:
+    progress = query.recentProgress
+    for p in progress:
         operators = p["stateOperators"]
         umjoin = [op for op in operators if op["operatorName"] == "umJoin"]
         custom = umjoin[0]["customMetrics"] if umjoin else {}
@@ -103,6 +105,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "duration_ms": p["durationMs"].get("triggerExecution", 0),
             "input_rows": p["numInputRows"],
             "output_rows": p["sink"].get("numOutputRows", -1),
+            "output": outputs.observed_fingerprint(p),
             "state_rows": sum(op["numRowsTotal"] for op in operators),
             "state_index_entries": sum(custom.get(f"stateIndexEntriesInput{i}", 0) for i in inputs),
             "state_memory_bytes": sum(op["memoryUsedBytes"] for op in operators),
@@ -131,8 +134,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     # Stopped here, not by the JVM's exit. (JVMs with RocksDB stores open used to hang in their exit,
     # a compaction's log call blocked by the exiting JVM; StoresClosedAtExit in the shim now closes them first.)
     spark.stop()
-    return {"seconds": seconds, "error": error, "batches": batches, "peak_rss_bytes": rss, "peak_heap_bytes": peak_heap,
-            "heap_committed_bytes": heap_committed, "state_sizes_error": sizes_error,
+    return {"seconds": seconds, "error": error, "batches": batches, "output": outputs.observed_output(progress), "peak_rss_bytes": rss,
+            "peak_heap_bytes": peak_heap, "heap_committed_bytes": heap_committed, "state_sizes_error": sizes_error,
             "umjoin_in_plan": "StreamingUMJoin " in executed, "stream_stream_joins": executed.count("StreamingSymmetricHashJoin")}
 
 
@@ -150,7 +153,7 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
     """Runs `spec` in a JVM of its own; the summary figures added to what it reported."""
     result = reported_on_fresh_checkpoint("bench.streaming", spec)
     if "error" not in result:
-        result = {"seconds": None, "error": f"JVM ended: {result['ended']}", "batches": [], "peak_rss_bytes": None,
+        result = {"seconds": None, "error": f"JVM ended: {result['ended']}", "batches": [], "output": None, "peak_rss_bytes": None,
                   "umjoin_in_plan": False, "stream_stream_joins": None}
     batches = result["batches"]
     last = batches[-1] if batches else {}
@@ -168,7 +171,8 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
         "max_state_data_rows": max((b.get("state_data_rows") or 0 for b in batches), default=0) or None,
     })
     print(f"{spec.get('label', spec['workload']):>8} {name:>15} {spec['driver_memory']:>4}: "
-          f"{'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  output {result['output_rows']}  "
+          f"{'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  output {result['output_rows']} "
+          f"(hash {outputs.shown(result['output'])})  "
           f"state rows at end {result['final_state_rows']}  state bytes {_mb(result['final_state_bytes'])}  "
           f"peak RSS {_mb(result['peak_rss_bytes'])} (heap: peak use {_mb(result.get('peak_heap_bytes'))}, held {_mb(result.get('heap_committed_bytes'))})",
           flush=True)
@@ -240,13 +244,18 @@ def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, set
         print("PyFlink is not installed (pip install -e '.[peers]'): the enrichment chains run without Flink's MultiJoin beside them")
     chains = []
     for label, sides in enrichment.CHAINS.items():
-        expected = enrichment.expected_rows(files, sides)
+        expected_checks = enrichment.expected_checks(files, sides)
+        expected = int(expected_checks[0])
         runs = _spark_and_umjoin({"workload": "enrichment", "chain": label, "label": label, "sf": sf, "streams": str(files)},
                                  checkpoints / f"enrichment-{len(chains)}", settings)
         if flink:
             for name, multi_join in (("flink-multijoin", True), ("flink-binary", False)):
                 runs.append(_flink_run(files, label, expected, multi_join, name))
-        chains.append({"chain": label, "sql": enrichment.sql(sides), "expected_rows": expected, "runs": runs})
+        spark_output, umjoin_output = runs[0]["output"], runs[1]["output"]
+        chains.append({"chain": label, "sql": enrichment.sql(sides), "expected_rows": expected,
+                       "checks": enrichment.checks(sides), "expected_checks": expected_checks,
+                       "same_output": None if spark_output is None or umjoin_output is None else outputs.equal(spark_output, umjoin_output),
+                       "runs": runs})
     stem = f"streaming_enrichment_sf{sf:g}"
     (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
                                                   "umjoin_settings": settings, "chains": chains}, indent=1) + "\n")
@@ -259,10 +268,10 @@ def _flink_run(files: Path, label: str, expected: int, multi_join: bool, name: s
     """One Flink run of the chain `label` in a process of its own (see bench.flink_peer)."""
     sides = enrichment.chain(label)
     spec = {"files": str(files), "tables": ["orders", *(s[0] for s in sides)], "sql": enrichment.sql(sides),
-            "expected_rows": expected, "multi_join": multi_join, "timeout_s": 3600}
+            "checks": enrichment.checks(sides), "expected_rows": expected, "multi_join": multi_join, "timeout_s": 3600}
     result = reported_by("bench.flink_peer", spec)
     if "error" not in result:
-        result = {"seconds": None, "error": f"Flink ended: {result['ended']}", "output_rows": None, "state_bytes": None,
+        result = {"seconds": None, "error": f"Flink ended: {result['ended']}", "output_rows": None, "checks": None, "state_bytes": None,
                   "peak_rss_bytes": None, "multi_join_in_plan": False}
     result["run"] = name
     print(f"{label:>8} {name:>15}: {'ok' if not result['error'] else 'FAILED ' + result['error']}  {result['seconds'] or 0:.0f}s  "
@@ -285,17 +294,21 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
         "Flink 2.3 (PyFlink, local mini cluster, parallelism 2, RocksDB): its regular joins over the same rows as CSV, "
         "with `table.optimizer.multi-join.enabled` (MultiJoin) and without (binary joins); state bytes from a canonical "
         "savepoint once every row is in (its regular joins never evict), time until the result's count settled. "
-        "Output rows: the chain's result, every order put out, as DuckDB computes it from the same files.",
+        "Expected rows: the chain's result, every order put out, as DuckDB computes it from the same files. "
+        f"Same output: Spark's and UMJoin's {outputs.COMPARED}, compared with each other, and their row counts with DuckDB's; "
+        "Flink's by its row count, each stream's matched rows and the sums of its numeric columns, against DuckDB's "
+        "(`enrichment.checks`: not a hash of every row; Flink's regular LEFT join retracts the padded rows it put out, so its "
+        "result is aggregated over the chain, and it has no xxhash64 to hash its rows as Spark does).",
         "",
-        "| chain | run | plan | output rows (expected) | time (s) | max state rows | max state bytes, exact (Flink: savepoint) | "
-        "max state memory + SST | peak RSS |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| chain | run | plan | output rows (expected) | output hash | same output | time (s) | max state rows | "
+        "max state bytes, exact (Flink: savepoint) | max state memory + SST | peak RSS |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for chain in chains:
         for r in chain["runs"]:
             label = chain["chain"]
             if r["error"]:
-                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | | |")
+                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | | | | |")
                 continue
             if r["run"].startswith("flink"):
                 plan = "MultiJoin" if r["multi_join_in_plan"] else "binary joins"
@@ -303,9 +316,13 @@ def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) 
             else:
                 plan = ("1 StreamingUMJoin + " if r["umjoin_in_plan"] else "") + f"{r['stream_stream_joins']} stream-stream joins"
                 rows, exact, stores = str(r["max_state_rows"]), _mb(r.get("max_state_data_bytes")), _mb(r["max_state_bytes"])
-            same = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
-            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({same}) | {r['seconds']:.0f} | {rows} | {exact} | {stores} | "
-                         f"{_mb(r['peak_rss_bytes'])} |")
+            counted = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
+            if r["run"].startswith("flink"):
+                same = f"count and column sums: {'yes' if r['checks'] == chain['expected_checks'] else 'NO'}"
+            else:
+                same = "yes" if chain["same_output"] and counted == "yes" else "-" if chain["same_output"] is None else "NO"
+            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({counted}) | {outputs.shown(r.get('output'))} | {same} | "
+                         f"{r['seconds']:.0f} | {rows} | {exact} | {stores} | {_mb(r['peak_rss_bytes'])} |")
     lines += ["", "| chain | UMJoin / Spark: time | state rows | state bytes, exact | state memory + SST | peak RSS | "
               "UMJoin / Flink MultiJoin: state bytes (exact / savepoint) | time |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -355,7 +372,7 @@ def _comparison(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if not ok:
         return {"same_output": False, "state_rows_ratio": None, "state_bytes_ratio": None, "data_bytes_ratio": None, "time_ratio": None}
     return {
-        "same_output": spark["output_rows"] == umjoin["output_rows"],
+        "same_output": outputs.equal(spark["output"], umjoin["output"]),
         "state_rows_ratio": spark["final_state_rows"] / max(umjoin["final_state_rows"], 1),
         "state_bytes_ratio": spark["final_state_bytes"] / max(umjoin["final_state_bytes"], 1),
         "data_bytes_ratio": (spark["max_state_data_bytes"] / umjoin["max_state_data_bytes"]
@@ -376,19 +393,22 @@ def _tpcds_markdown(sf: float, batches: int, expected: int | None, results: list
     lines = [
         f"# Streaming: the paper's 4-way TPC-DS join at SF {sf:g} over {batches} micro-batches (local[2], {STATE_PARTITIONS} state partitions)",
         "",
-        f"Expected result rows: {expected if expected is not None else 'n/a'}.",
+        f"Expected result rows: {expected if expected is not None else 'n/a'}. Same output: as Spark's first run's, "
+        f"{outputs.COMPARED}.",
         "",
-        "| run | driver memory | state store | result | time (s) | output rows | rows/s | mean batch (s) | max batch (s) | state rows at end | "
+        "| run | driver memory | state store | result | time (s) | output rows | output hash | same output | rows/s | mean batch (s) | max batch (s) | state rows at end | "
         "max state rows | max state bytes, exact | state memory at end | state on disk at end | peak RSS |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    reference = next((r["output"] for r in results if r["run"].startswith("spark") and r["output"] is not None), None)
     for r in results:
         durations = _durations(r)
+        same = "-" if reference is None or r["error"] else "yes" if outputs.equal(r["output"], reference) else "NO"
         last = r["batches"][-1] if r["batches"] else {}
         rate = r["output_rows"] / r["seconds"] if r["seconds"] else 0
         lines.append(
             f"| {r['run']} | {r['driver_memory']} | {r['provider']} | {'ok' if not r['error'] else 'failed: ' + r['error'][:100]} | "
-            f"{r['seconds'] or 0:.0f} | {r['output_rows']} | {rate:.0f} | {sum(durations) / len(durations):.2f} | {max(durations):.2f} | "
+            f"{r['seconds'] or 0:.0f} | {r['output_rows']} | {outputs.shown(r['output'])} | {same} | {rate:.0f} | {sum(durations) / len(durations):.2f} | {max(durations):.2f} | "
             f"{r['final_state_rows']} | {r['max_state_rows']} | {_mb(r.get('max_state_data_bytes'))} | {_mb(last.get('state_memory_bytes'))} | {_mb(last.get('state_disk_bytes'))} | "
             f"{_mb(r['peak_rss_bytes'])} |")
     umjoin = next((r for r in results if r["run"] == "umjoin-rocksdb" and r["batches"] and r["batches"][-1]["state_rows_per_input"]), None)
@@ -411,6 +431,8 @@ def _tpch_markdown(sf: float, batches: int, blocks: list[dict[str, Any]]) -> str
         "State at the end: rows kept (UMJoin: its inputs' rows; Spark: its inputs' rows and every intermediate result), "
         "UMJoin's index entries beside them, and bytes (state memory + SST files on disk); and the state's exact bytes at their "
         "highest over the micro-batches (every stored key and value as stored, read back from the checkpoint after the run).",
+        "",
+        f"Same output: Spark's and UMJoin's {outputs.COMPARED}.",
         "",
         f"Targets (the issue's): state at least {STATE_TARGET:g}x smaller than Spark's, total time no more than Spark's.",
         "",

@@ -6,8 +6,9 @@ intermediate results). Per setting and query, off and on alternate within each r
 first in one, on first in the next), after one unmeasured warm-up run of each, each run on a freshly
 collected heap, so both see the same machine state. Beside the times, each plan's
 join work UMJoin can save: the bytes its joins read through shuffles of intermediate (joined) results
-and the task time its sorts for joins took. Results: Markdown, JSON and a plot of the on/off ratios
-under the output directory.
+and the task time its sorts for joins took. Every run's answer is compared with every other's as a
+multiset (``bench.outputs.digest`` of its collected rows). Results: Markdown, JSON and a plot of the
+on/off ratios under the output directory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from bench import outputs
 from umjoin import answers, plans, tpch
 from umjoin.local import temporary_conf
 
@@ -74,8 +76,8 @@ def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int
     results = []
     for number in queries:
         sql = tpch.query_text(number)
-        _timed(spark, sql, False)
-        _timed(spark, sql, True)
+        # Every run's answer, warm-ups too, as an order-independent digest (taken after its timing).
+        digests: dict[bool, list[str]] = {enabled: [outputs.digest(_timed(spark, sql, enabled)[1])] for enabled in (False, True)}
         times: dict[bool, list[float]] = {False: [], True: []}
         rows: dict[bool, list[tuple]] = {}  # type: ignore[type-arg]
         work: dict[bool, dict[str, float]] = {}
@@ -84,9 +86,10 @@ def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int
             for enabled in (False, True) if repetition % 2 == 0 else (True, False):
                 seconds, rows[enabled], work[enabled] = _timed(spark, sql, enabled)
                 times[enabled].append(seconds)
+                digests[enabled].append(outputs.digest(rows[enabled]))
         spark.conf.set("spark.umjoin.enabled", "true")
         groups = [len(n.inputs) for n in plans.umjoin_nodes(plans.physical_plan(spark.sql(sql)))]
-        same = sorted(map(repr, rows[False])) == sorted(map(repr, rows[True]))
+        same = len({*digests[False], *digests[True]}) == 1
         check = "n/a"
         if official:
             columns, expected = tpch.official_answer(number, sf)
@@ -95,6 +98,7 @@ def _measure(spark: SparkSession, sf: float, repetitions: int, queries: list[int
         results.append({
             "query": number, "umjoin_inputs": groups, "off_s": off, "on_s": on, "on_off_ratio": on / off,
             "off_runs_s": times[False], "on_runs_s": times[True], "same_answer": same, "official_answer": check,
+            "off_digests": digests[False], "on_digests": digests[True],
             "off_join_work": work[False], "on_join_work": work[True],
         })
         print(f"Q{number:02d}  off {off:7.2f}s  on {on:7.2f}s  on/off {on / off:5.2f}  umjoin {groups}  same {same}  official {check}", flush=True)
@@ -124,7 +128,9 @@ def _table(threshold: str, results: list[dict[str, Any]]) -> list[str]:
         ),
         "",
         "Joined rows shuffled: bytes of already joined (intermediate) results shuffled into a join; join sorts: task "
-        "time of the sorts feeding sort-merge joins (both from the last run's SQL metrics, summed over tasks).",
+        "time of the sorts feeding sort-merge joins (both from the last run's SQL metrics, summed over tasks). "
+        "Same answer: every run's answer, UMJoin off and on, warm-ups included, compared as a multiset: an order-independent "
+        "digest of its collected rows (SHA-256 over their sorted reprs, taken after the run's timing; in the JSON per run).",
         "",
         f"Total: off {sum(r['off_s'] for r in results):.1f}s, on {sum(r['on_s'] for r in results):.1f}s. "
         f"Geometric mean on/off over the {len(converted)} converted queries: {geometric_mean_converted(results):.2f}; "

@@ -1,5 +1,6 @@
 """The enrichment workload's streams (bench/enrichment.py): every row once, in event-time windows, and
-the expected result DuckDB computes from them against the join computed here from TPC-H's own tables."""
+the expected result DuckDB computes from them against the join computed here from TPC-H's own tables; and the
+fingerprint every benchmark compares its runs' outputs by (bench/outputs.py): a multiset's, not a row count."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from bench import enrichment
+from bench import enrichment, outputs
 from conftest import TPCH_SF
 
 BATCHES = 4
@@ -75,3 +78,63 @@ def test_the_orders_sentinel_matches_every_sides_sentinel(files: Path, chain: st
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{files / 'parquet' / name}/*.parquet'")
     matched = " AND ".join(f"{name}_time IS NOT NULL" for name, _, _ in sides)
     assert con.execute(f"SELECT count(*) FROM ({enrichment.sql(sides)}) WHERE o_orderkey = -1 AND {matched}").fetchone()[0] == 1  # type: ignore[index]
+
+
+# --- How every benchmark compares outputs (bench/outputs.py) ------------------------------------
+# (Here, beside the enrichment workload's tests, as the one test module of the benchmarks' helpers.)
+
+def _fingerprint(spark: SparkSession, rows: list[tuple[int | None, int | None]], partitions: int = 1) -> dict[str, int]:
+    return outputs.fingerprint_of(spark.createDataFrame(rows, "a BIGINT, b BIGINT").repartition(partitions))
+
+
+def test_the_output_hash_ignores_the_rows_order_and_their_cut_into_parts(spark: SparkSession) -> None:
+    rows = [(k, k % 3 or None) for k in range(50)]
+    whole = _fingerprint(spark, rows)
+    assert whole == _fingerprint(spark, rows[::-1], partitions=4)
+    assert outputs.union([_fingerprint(spark, rows[:20]), _fingerprint(spark, rows[20:])]) == whole
+    assert whole["rows"] == 50
+
+
+def test_the_output_hash_counts_each_rows_copies(spark: SparkSession) -> None:
+    rows = [(1, 2), (3, 4), (5, 6)]
+    once, twice = _fingerprint(spark, rows), _fingerprint(spark, [*rows, (3, 4)])
+    assert twice["rows"] == once["rows"] + 1 and twice["hash"] != once["hash"]
+    # Same count, other rows: a row count alone cannot tell these apart.
+    assert _fingerprint(spark, [(1, 2), (3, 4), (3, 4)]) != once
+
+
+def test_the_output_hash_tells_where_a_rows_nulls_are(spark: SparkSession) -> None:
+    one_null = spark.createDataFrame([(1, None), (None, 1)], "a BIGINT, b BIGINT")
+    plain = [r[0] for r in one_null.select(F.xxhash64("a", "b")).collect()]
+    assert plain[0] == plain[1], "xxhash64 skips NULLs: the values alone hash alike"
+    assert _fingerprint(spark, [(1, None)]) != _fingerprint(spark, [(None, 1)])
+    assert _fingerprint(spark, [(None, None)]) != _fingerprint(spark, [(0, 0)])
+
+
+def test_the_null_masks_span_wide_rows(spark: SparkSession) -> None:
+    """A BIGINT per 63 columns: the 64th column's NULL is in the second mask."""
+    names = [f"c{k}" for k in range(70)]
+    df = spark.createDataFrame([tuple(None if k in (0, 63, 69) else k for k in range(70))], ", ".join(f"{n} BIGINT" for n in names))
+    masks = df.select(*outputs.null_masks([F.col(n) for n in names])).first()
+    assert tuple(masks) == (1, 1 | 1 << 6)  # type: ignore[arg-type]
+
+
+def test_an_output_hash_sums_past_a_bigint_without_overflow(spark: SparkSession) -> None:
+    """Spark runs with ANSI mode on: a BIGINT sum of 64-bit hashes would fail; the DECIMAL(38,0) sum is exact."""
+    rows = [(k, k) for k in range(2000)]
+    hashes = [r[0] for r in spark.createDataFrame(rows, "a BIGINT, b BIGINT").select(outputs.row_hash([F.col("a"), F.col("b")])).collect()]
+    assert _fingerprint(spark, rows, partitions=3) == {"rows": 2000, "hash": sum(hashes)}
+
+
+def test_a_micro_batchs_observed_fingerprint_is_read_from_its_progress() -> None:
+    assert outputs.observed_fingerprint({"observedMetrics": {"output": {"rows": 3, "hash": -12345678901234567890123}}}) == \
+        {"rows": 3, "hash": -12345678901234567890123}
+    assert outputs.observed_fingerprint({"observedMetrics": {"output": {"rows": 0, "hash": None}}}) == {"rows": 0, "hash": 0}
+    assert outputs.observed_fingerprint({"observedMetrics": {}}) is None
+
+
+def test_the_digest_of_collected_rows_is_a_multisets() -> None:
+    rows = [(1, None, "x"), (None, 1, "x"), (2, 2.5, None)]
+    assert outputs.digest(rows) == outputs.digest(rows[::-1])
+    assert outputs.digest([*rows, rows[0]]) != outputs.digest(rows)
+    assert outputs.digest([(1, None)]) != outputs.digest([(None, 1)])
