@@ -41,8 +41,9 @@ $(TESTKIT): $(JAR) $(TESTKIT_SOURCES)
 readme-settings: build
 	$(PY) jvm-shim/readme_settings.py $(JAR)
 
+# Two pytest workers, each a Spark session; each test file runs whole in one of them.
 test: build testkit browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The report test renders the HTML report in Debian's Chromium; installed here when missing.
 browser:

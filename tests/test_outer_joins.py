@@ -5,9 +5,11 @@ Randomised differential cases: 3-5 tables joined left-deep by inner, LEFT OUTER 
 joins at random positions (an ON key to any table joined before, including an earlier outer join's
 side: chains of outer joins; sometimes a non-equi ON conjunct, one on the preserved side alone, or
 one on the padded side alone), sometimes WHERE conditions reading a padded side (IS NULL, coalesce)
-and an EXISTS or NOT EXISTS, on t0's key or reading a padded side; duplicate and NULL keys, empty
-tables. UMJoin off, and on in every configuration over the seeds (each seed in half of them,
-`configs_of_seed`); and the shapes that must stay as Spark plans them.
+and an EXISTS or NOT EXISTS, on t0's key or reading a padded side. Keys from a small domain
+(duplicates); each table's keys NULL with a share of none, 10%, 30% or all of them, and any table,
+t0 included, sometimes empty: the preserved and the padded side of LEFT and of RIGHT joins each meet
+every one of KEY_FEATURES over the seeds. UMJoin off, and on in every configuration over the seeds
+(each seed in half of them, `configs_of_seed`); and the shapes that must stay as Spark plans them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
-from test_random_joins import configs_of_seed
+from test_random_joins import broadcasts, configs_of_seed, join_groups, joins_dropped_by_aqe, key_features, uncovered
 from test_semi_anti import CONFIGS, load, register_tables
 from umjoin import plans
 from umjoin.local import temporary_conf
@@ -35,6 +37,9 @@ class Case:
     tables: list[list[tuple]]  # t0..t{n-1}, rows (id, a, b, v)
     relation: str  # the FROM clause
     where: list[str]
+    # Per join as written: its type (INNER, LEFT, RIGHT) and the (table, column) of its ON key on the preserved
+    # side (an inner join's left) and on the padded side (its right); a side that is a join tree, by its key's table.
+    joins: tuple[tuple[str, tuple[int, str], tuple[int, str]], ...] = ()
 
     @property
     def sql(self) -> str:
@@ -46,20 +51,24 @@ def make_case(seed: int) -> Case:
     rng = random.Random(seed)
     n = rng.randint(3, 5)
     domain = rng.randint(3, 6)
-    null_share = rng.choice([0.0, 0.1])
 
     def rows(count: int) -> list[tuple]:  # type: ignore[type-arg]
+        null_share = rng.choices([0.0, 0.1, 0.3, 1.0], weights=[4, 4, 3, 2])[0]  # of the keys: none, some, many, all
+
         def key():  # type: ignore[no-untyped-def]
             return None if rng.random() < null_share else rng.randrange(domain)
         return [(i, key(), key(), rng.randint(0, 20)) for i in range(count)]
 
-    tables = [[] if i > 0 and rng.random() < 0.08 else rows(rng.randint(5, 14)) for i in range(n)]
+    # Any table may be empty, t0 included, on a preserved side or a padded one.
+    tables = [[] if rng.random() < 0.06 else rows(rng.randint(5, 14)) for _ in range(n)]
     relation = "t0"
     padded: list[int] = []  # tables on the NULL-padded side of an outer join, as one table
+    joins = []
     for i in range(1, n):
         kind = rng.choices(["inner", "left", "right", "right of a tree"], weights=[2, 5, 2, 1])[0]
         j = rng.randrange(i)  # an earlier table, possibly an earlier outer join's padded side
-        on = [f"t{j}.{rng.choice('ab')} = t{i}.{rng.choice('ab')}"]
+        tree_key, new_key = (j, rng.choice("ab")), (i, rng.choice("ab"))
+        on = [f"t{j}.{tree_key[1]} = t{i}.{new_key[1]}"]
         extra = rng.random()
         if extra < 0.2:
             on.append(f"t{i}.v < t{rng.randrange(i)}.v + 8")  # not an equi key
@@ -79,6 +88,7 @@ def make_case(seed: int) -> Case:
             padded.append(i)
         else:  # the tree so far padded: a join tree on the non-preserved side stays one input
             relation = f"{tree} RIGHT JOIN t{i} ON {condition}"
+        joins.append((kind.split()[0].upper(), *((new_key, tree_key) if kind == "right of a tree" else (tree_key, new_key))))
     where = []
     if padded and rng.random() < 0.4:
         p = rng.choice(padded)
@@ -89,7 +99,7 @@ def make_case(seed: int) -> Case:
         p = rng.choice(padded)
         condition = rng.choice([f"e.a = t{p}.{rng.choice('ab')}", f"e.a = t0.a AND e.v > t{p}.v"])
         where.append(f"{rng.choice(['', 'NOT '])}EXISTS (SELECT 1 FROM t{rng.randrange(n)} AS e WHERE {condition})")
-    return Case(tables, relation, where)
+    return Case(tables, relation, where, tuple(joins))
 
 
 def tables_of(case: Case) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
@@ -123,26 +133,38 @@ def test_same_rows_with_umjoin_on_and_off(spark: SparkSession, tmp_path: Path, s
     case = make_case(seed)
     register(spark, case, tmp_path)
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        expected = rows_of(spark.sql(case.sql))
+        reference = spark.sql(case.sql)
+        expected = rows_of(reference)
+        # Spark's joins as UMJoin groups them: each group of at least spark.umjoin.minInputs (3) inputs is one UMJoin.
+        groups = sorted((inputs, sum(t in ("LeftOuter", "RightOuter") for t in types))
+                        for inputs, types in join_groups(plans.logical_plan(reference)) if inputs >= 3)
     for name, settings in configs_of_seed(CONFIGS, seed, ("aqe-off", "dpPick")).items():
         with temporary_conf(spark, {**settings, "spark.umjoin.enabled": "true"}):
             df = spark.sql(case.sql)
             actual = rows_of(df)
-            nodes = plans.umjoin_nodes(plans.physical_plan(df))
+            plan = plans.physical_plan(df)
+        nodes = plans.umjoin_nodes(plan)
         assert actual == expected, f"seed {seed} ({name}): {case.sql}"
-        if name == "aqe-off":
-            # Every outer join Spark kept (it turns some into inner joins) whose padded side is one table is an outer
-            # input; one whose padded side is a join tree may be one too, that tree planned on its own.
-            assert outer_inputs(nodes) >= spark_outer_joins_on_one_table(df), f"seed {seed}: {case.sql}"
+        if broadcasts(settings) and settings["spark.sql.adaptive.enabled"] == "false":
+            # Exactly those groups, each with as many outer inputs as it has outer joins Spark kept (it turns some
+            # into inner joins); a padded side that is a join tree is one input, that tree a group of its own.
+            assert sorted((len(n.inputs), outer_inputs([n])) for n in nodes) == groups, f"seed {seed} ({name}): {case.sql}"
+        elif broadcasts(settings) and name != "dpPick" and groups:
+            # Under AQE the groups may change as stages finish (an input already broadcast), but one stays, unless
+            # no join is left at all. (Without broadcasts a group splits where its inputs share no key class; an
+            # adaptive order keeps outer joins as Spark plans them, as below.)
+            assert nodes or joins_dropped_by_aqe(settings, plan, expected, case.tables), f"seed {seed} ({name}): {case.sql}"
         if name == "dpPick":
             assert outer_inputs(nodes) == 0
 
 
 def test_generated_cases_pad_rows_and_keep_outer_joins(spark: SparkSession, tmp_path: Path) -> None:
     """The comparisons only mean something if the cases' outer joins stay outer joins in Spark's plan
-    (outer inputs to convert) and pad some rows with NULLs (DuckDB's answer, outside Spark)."""
+    (outer inputs to convert) and pad some rows with NULLs (DuckDB's answer, outside Spark), and if the
+    preserved and the padded side of LEFT and of RIGHT joins each meet every one of KEY_FEATURES."""
     con = duckdb.connect()
     padding = kept = 0
+    seen: dict[tuple[str, str], set[str]] = {(kind, side): set() for kind in ("LEFT", "RIGHT") for side in ("preserved", "padded")}
     for seed in SEEDS:
         case = make_case(seed)
         register(spark, case, tmp_path)
@@ -150,7 +172,12 @@ def test_generated_cases_pad_rows_and_keep_outer_joins(spark: SparkSession, tmp_
         load(con, tables_of(case))
         ids = " OR ".join(f"id{i} IS NULL" for i in range(len(case.tables)))
         padding += con.execute(f"SELECT count(*) FROM ({case.sql}) WHERE {ids}").fetchone()[0] > 0  # type: ignore[index]
+        for kind, (preserved, preserved_column), (padded, padded_column) in case.joins:
+            if kind != "INNER":
+                seen[kind, "preserved"] |= key_features(case.tables[preserved], preserved_column)
+                seen[kind, "padded"] |= key_features(case.tables[padded], padded_column)
     assert padding >= 0.5 * len(SEEDS) and kept >= len(SEEDS)
+    assert uncovered(seen) == {}
 
 
 def test_rows_padded_with_nulls_are_not_claimed_partitioned_by_the_padded_key(spark: SparkSession, tmp_path: Path) -> None:

@@ -2,14 +2,18 @@
 
 Randomised differential cases: an inner join graph of 3-4 tables with 1-2 correlated EXISTS or NOT
 EXISTS subqueries on further tables (equi keys on one or two columns, sometimes a non-equi
-correlated condition, duplicate and NULL keys, empty subquery tables), with UMJoin off, and on in
-every configuration over the seeds (each seed in half of them, `configs_of_seed`); and the shapes
-that must stay as Spark plans them.
+correlated condition), with UMJoin off, and on in every configuration over the seeds (each seed in
+half of them, `configs_of_seed`); and the shapes that must stay as Spark plans them. Keys come from
+a domain small enough for duplicates, each table's NULL with a share of 0, 10% or 30%; half the
+seeds put an empty input or one whose key is all NULL on a side of a semi or an anti join
+(ANOMALIES), so that the preserved and the subquery side of both meet every one of KEY_FEATURES.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +21,25 @@ import duckdb
 import pytest
 from pyspark.sql import SparkSession
 
-from test_random_joins import CONFIGS as RANDOM_JOIN_CONFIGS, configs_of_seed
+from test_random_joins import CONFIGS as RANDOM_JOIN_CONFIGS
+from test_random_joins import broadcasts, configs_of_seed, joins_dropped_by_aqe, key_features, largest_key_class, uncovered
 from umjoin import plans
 from umjoin.local import temporary_conf
 
 SEEDS = range(12)
+# The first six seeds of every twelve give their subqueries these kinds and anomalies (on one side of each), the
+# others draw 1-2 subqueries without. Drawn at random, twelve seeds would need so many anomalies to meet every
+# (kind, side) with an empty input and an all-NULL key that few cases would still filter rows (an anomaly on a
+# semi join's side, or an empty preserved table, leaves none); here each meets them once, where no other
+# subquery hides it.
+ANOMALIES: list[list[tuple[str, str]]] = [
+    [("EXISTS", "subquery empty")],
+    [("EXISTS", "subquery all NULL")],
+    [("NOT EXISTS", "subquery empty"), ("NOT EXISTS", "subquery all NULL")],  # each keeps every row
+    [("NOT EXISTS", "preserved all NULL"), ("", "")],  # beside a subquery drawn as usual
+    [("EXISTS", "preserved all NULL")],
+    [("EXISTS", "preserved empty"), ("NOT EXISTS", "preserved empty")],  # both on the one empty table
+]
 # The random join suite's settings: broadcast or not, AQE, generated or interpreted loop, RocksDB ...
 CONFIGS = {name: RANDOM_JOIN_CONFIGS[name] for name in
            ("aqe-off", "aqe-on", "aqe-off-no-broadcast", "aqe-on-no-broadcast", "interpreted-no-broadcast", "rocksdb")}
@@ -36,6 +54,9 @@ class Case:
     filters: list[list[tuple]]  # f0..: the subqueries' tables
     inner: list[str]
     subqueries: list[str]
+    # Per subquery: semi (EXISTS) or anti (NOT EXISTS), the (table, column) of each key on the preserved side, and
+    # the subquery table's key columns.
+    filter_joins: tuple[tuple[str, tuple[tuple[int, str], ...], tuple[str, ...]], ...] = ()
 
     @property
     def sql(self) -> str:
@@ -43,33 +64,58 @@ class Case:
         names = ", ".join(f"t{i}" for i in range(len(self.tables)))
         return f"SELECT {columns} FROM {names} WHERE {' AND '.join(self.inner + self.subqueries)}"
 
+    @property
+    def equalities(self) -> list[tuple[tuple[object, str], tuple[object, str]]]:
+        """Each equi-join key, inner or correlated, as the (table, column) of its two sides."""
+        inner = (re.fullmatch(r"t(\d+)\.([ab]) = t(\d+)\.([ab])", p) for p in self.inner)
+        correlated = [((f"f{f}", column), key) for f, (_, keys, columns) in enumerate(self.filter_joins)
+                      for column, key in zip(columns, keys)]
+        return [((int(m[1]), m[2]), (int(m[3]), m[4])) for m in inner if m] + correlated
+
 
 def make_case(seed: int) -> Case:
     rng = random.Random(seed)
     n = rng.randint(3, 4)
     star = rng.random() < 0.5
     inner = [f"t0.a = t{i}.a" for i in range(1, n)] if star else [f"t{i}.{rng.choice('ab')} = t{i + 1}.{rng.choice('ab')}" for i in range(n - 1)]
-    domain = rng.randint(3, 8)
-    null_share = rng.choice([0.0, 0.1])
+    sizes, null_shares = [rng.randint(4, 14) for _ in range(n)], [rng.choice([0.0, 0.1, 0.3]) for _ in range(n)]
+    # One key domain, chosen so that the inner join keeps a few dozen rows (of the keys not NULL).
+    domain = max(2, round((math.prod(r * (1 - share) for r, share in zip(sizes, null_shares)) / 30) ** (1 / (n - 1))))
 
-    def rows(count: int) -> list[tuple]:  # type: ignore[type-arg]
+    def rows(count: int, null_share: float) -> list[tuple]:  # type: ignore[type-arg]
         def key():  # type: ignore[no-untyped-def]
             return None if rng.random() < null_share else rng.randrange(domain)
         return [(i, key(), key(), rng.randint(0, 20)) for i in range(count)]
 
-    tables = [rows(rng.randint(4, 14)) for _ in range(n)]
-    filters, subqueries = [], []
-    for f in range(rng.randint(1, 2)):
-        filters.append([] if rng.random() < 0.15 else rows(rng.randint(1, 12)))
-        t = rng.randrange(n)
-        correlated = [f"f{f}.a = t{t}.{rng.choice('ab')}"]
+    tables = [rows(r, share) for r, share in zip(sizes, null_shares)]
+    anomalies = ANOMALIES[seed % 12] if seed % 12 < len(ANOMALIES) else [("", "")] * rng.randint(1, 2)
+    unjoined = [(t, c) for t in range(n) for c in "ab" if f"t{t}.{c}" not in " ".join(inner)]
+    filters, subqueries, filter_joins = [], [], []
+    for f, (kind, anomaly) in enumerate(anomalies):
+        filters.append(rows(rng.randint(1, domain), rng.choice([0.0, 0.1, 0.3])))  # some of the keys, NULL or not
+        if anomaly == "preserved all NULL":  # a column no inner join reads: the inner join still has rows
+            t, column = rng.choice(unjoined)
+        elif not (anomaly == "preserved empty" and f > 0):  # (the second on the first one's table)
+            t, column = rng.randrange(n), rng.choice("ab")
+        keys = [(t, column)]
+        correlated = [f"f{f}.a = t{t}.{column}"]
         if rng.random() < 0.3:  # a second key, on another table
-            correlated.append(f"f{f}.b = t{rng.randrange(n)}.b")
+            keys.append((rng.randrange(n), "b"))
+            correlated.append(f"f{f}.b = t{keys[1][0]}.b")
         if rng.random() < 0.4:  # a condition that is not a key
             correlated.append(rng.choice([f"f{f}.v <> t{t}.v", f"f{f}.v < t{rng.randrange(n)}.v + 5"]))
-        kind = rng.choice(["EXISTS", "NOT EXISTS"])
+        kind = kind or rng.choice(["EXISTS", "NOT EXISTS"])
         subqueries.append(f"{kind} (SELECT 1 FROM f{f} WHERE {' AND '.join(correlated)})")
-    return Case(tables, filters, inner, subqueries)
+        filter_joins.append(("semi" if kind == "EXISTS" else "anti", tuple(keys), ("a", "b")[:len(keys)]))
+        if anomaly == "subquery empty":
+            filters[f] = []
+        elif anomaly == "subquery all NULL":
+            filters[f] = [(i, None, None, v) for i, _, _, v in filters[f]]
+        elif anomaly == "preserved empty":
+            tables[t] = []
+        elif anomaly == "preserved all NULL":
+            tables[t] = [(i, None, b, v) if column == "a" else (i, a, None, v) for i, a, b, v in tables[t]]
+    return Case(tables, filters, inner, subqueries, tuple(filter_joins))
 
 
 def load(con: duckdb.DuckDBPyConnection, tables: dict[str, list[tuple]]) -> None:  # type: ignore[type-arg]
@@ -116,8 +162,15 @@ def test_same_rows_with_umjoin_on_and_off(spark: SparkSession, tmp_path: Path, s
         with temporary_conf(spark, {**settings, "spark.umjoin.enabled": "true"}):
             df = spark.sql(case.sql)
             actual = sorted((tuple(r) for r in df.collect()), key=repr)
-            nodes = plans.umjoin_nodes(plans.physical_plan(df))
+            plan = plans.physical_plan(df)
+        nodes = plans.umjoin_nodes(plan)
         assert actual == expected, f"seed {seed} ({name}): {case.sql}"
+        # In every setting the inner joins (with the filters, but under an adaptive order) are a UMJoin; without
+        # broadcasts its inputs are co-partitioned, on a key class that must reach three inputs.
+        if broadcasts(settings) or largest_key_class(case.equalities) >= 3:
+            assert nodes or joins_dropped_by_aqe(settings, plan, expected, case.tables + case.filters), (
+                f"seed {seed} ({name}): no UMJoin: {case.sql}"
+            )
         if name == "aqe-off":
             # Every subquery is a semi or anti join whose right side is one table: each is a filter input.
             assert len(filter_inputs(nodes)) == len(case.subqueries), f"seed {seed}: {case.sql}"
@@ -126,9 +179,11 @@ def test_same_rows_with_umjoin_on_and_off(spark: SparkSession, tmp_path: Path, s
 
 
 def test_generated_cases_filter_rows() -> None:
-    """The comparisons only mean something if subqueries keep some combinations and drop others."""
+    """The comparisons only mean something if subqueries keep some combinations and drop others, and if the
+    preserved and the subquery side of semi and of anti joins each meet every one of KEY_FEATURES."""
     con = duckdb.connect()
     kept_some = dropped_some = 0
+    seen: dict[tuple[str, str], set[str]] = {(kind, side): set() for kind in ("semi", "anti") for side in ("preserved", "subquery")}
     for seed in SEEDS:
         case = make_case(seed)
         load(con, tables_of(case))
@@ -137,7 +192,13 @@ def test_generated_cases_filter_rows() -> None:
         filtered = con.execute(f"SELECT count(*) FROM ({case.sql})").fetchone()[0]  # type: ignore[index]
         kept_some += filtered > 0
         dropped_some += filtered < joined
+        for f, (kind, preserved, columns) in enumerate(case.filter_joins):
+            for t, column in preserved:
+                seen[kind, "preserved"] |= key_features(case.tables[t], column)
+            for column in columns:
+                seen[kind, "subquery"] |= key_features(case.filters[f], column)
     assert kept_some >= 0.6 * len(SEEDS) and dropped_some >= 0.6 * len(SEEDS)
+    assert uncovered(seen) == {}
 
 
 def test_tpch_q21_is_one_group_with_its_exists_and_not_exists(spark: SparkSession, tpch_data: Path) -> None:
@@ -157,7 +218,7 @@ def test_tpch_q21_is_one_group_with_its_exists_and_not_exists(spark: SparkSessio
 
 def test_not_in_and_a_joined_right_side_stay_as_spark_plans_them(spark: SparkSession, tmp_path: Path) -> None:
     """NOT IN is a null-aware anti join (NULLs change its answer); a subquery over a join is no single store."""
-    case = make_case(3)
+    case = make_case(9)  # NULL keys in t0.b, none in f0.a: NOT IN keeps some rows, not those
     register(spark, case, tmp_path)
     base = "SELECT t0.id, t1.id, t2.id FROM t0, t1, t2 WHERE t0.a = t1.a AND t1.b = t2.b"
     queries = {

@@ -19,39 +19,63 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+import stream_data
+from stream_data import Batches
 from test_static_stores import umjoin_metric
-from test_streaming import ROCKSDB, by_batch, executed_plan, run_by_batch, start_by_batch, stream, write_batches
+from test_streaming import ROCKSDB, by_batch, executed_plan, nulls_first, run_by_batch, sorted_rows, start_by_batch, stream, write_batches
 from test_streaming_outer import hold_back_second_half
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
 DELAY = "10 minutes"
+DELAY_MS = 10 * 60 * 1000
 
 
 def columns(name: str) -> str:
     return f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
 
 
-def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6,
-                   null_keys: float = 0.0) -> None:
-    """Rows of each stream over `minutes` of event time, out of order within the watermark's delay, a
-    few a day late, cut at random into micro-batches (at 2 to `most_cuts` places); then one far-future
-    row per stream, whose watermark lets every waiting combination go. Each key is NULL in a `null_keys` share of the rows."""
-    def key(values: int) -> int | None:
-        return None if rng.random() < null_keys else rng.randrange(values)
-
+def draw_streams(names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6, null_keys: float | None = 0.0,
+                 extremes: dict[str, str] | None = None) -> dict[str, Batches]:
+    """Rows of each stream over `minutes` of event time, out of order within the watermark's delay, one a day
+    late, cut at random into micro-batches (at 2 to `most_cuts` places); then one far-future row per stream,
+    whose watermark lets every waiting combination go. Each key is NULL in a `null_keys` share of a stream's
+    rows; None: a share drawn per stream (none, some or many), an empty micro-batch now and then, and rows
+    exactly at watermarks. `extremes`: streams whose every key is NULL (stream_data.ALL_NULL) or that bring no
+    row at all (stream_data.NO_ROWS: its watermark never moves; the cases run with the maximum's policy then)."""
+    extremes = extremes or {}
+    streams: dict[str, Batches] = {}
     for n, name in enumerate(names):
+        share = 1.0 if extremes.get(name) == stream_data.ALL_NULL else rng.choice([0.0, 0.1, 0.3]) if null_keys is None else null_keys
+        key_k, key_j = stream_data.key_drawer(rng, 5, share), stream_data.key_drawer(rng, 3, share)
+        if extremes.get(name) == stream_data.NO_ROWS:
+            streams[name] = [[] for _ in range(rng.randint(1, 3))]
+            continue
         rows = []
         for _ in range(rng.randint(15, 40)):
             at = BASE + datetime.timedelta(minutes=rng.uniform(0, minutes))
-            rows.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (key(5), key(3), at, rng.randrange(100))))
+            rows.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (key_k(), key_j(), at, rng.randrange(100))))
         rows.sort(key=lambda r: r[0])
         data = [r[1] for r in rows]
         for i in rng.sample(range(len(data) // 2, len(data)), 1):
             data[i] = (data[i][0], data[i][1], BASE - datetime.timedelta(days=1), data[i][3])
-        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(2, most_cuts)))
-        batches = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
-        write_batches(directory / name, columns(name), [*batches, [(1000 + n, 1000 + n, BASE + datetime.timedelta(days=2), 0)]])
+        batches = stream_data.cut(rng, data, rng.randint(2, most_cuts), empty=0.25 if null_keys is None else 0.0)
+        far = None if share == 1 else 1000 + n  # (it joins nothing either way)
+        streams[name] = [*batches, [(far, far, BASE + datetime.timedelta(days=2), 0)]]
+    if null_keys is None:
+        stream_data.put_at_watermarks(rng, streams, 2, {name: DELAY_MS for name in names}, policy=stream_data.policy_for(streams))
+    return streams
+
+
+def write_streams(directory: Path, streams: dict[str, Batches]) -> None:
+    for name, batches in streams.items():
+        write_batches(directory / name, columns(name), batches)
+
+
+def random_streams(directory: Path, names: list[str], rng: random.Random, minutes: int = 60, most_cuts: int = 6,
+                   null_keys: float = 0.0) -> None:
+    """The streams `draw_streams` draws, written under `directory`."""
+    write_streams(directory, draw_streams(names, rng, minutes, most_cuts, null_keys))
 
 
 def watermarked_stream(spark: SparkSession, directory: Path, name: str) -> DataFrame:
@@ -126,27 +150,61 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
     return umjoin, on, off
 
 
+def extreme(seed: int) -> bool:
+    """Whether a random chain's streams are users' data at its edges: each stream but y and the join trees' has
+    every key NULL or no row at all (see `chain_streams`)."""
+    return random.Random(700 + seed).random() < 0.3
+
+
 def random_chain(seed: int) -> tuple[list[tuple[str, str]], bool, frozenset[int], int]:
-    """2-4 sides, each LEFT, RIGHT or INNER on k or j, one of them LEFT SEMI in every other seed, one LEFT ANTI
-    on k in every fifth; whether y is joined;
-    the sides that are join trees (about one in three); and, where y is joined, after how many sides (0: first;
-    the sides after it timed by y's event time, so outer joins are padded by two streams' times)."""
+    """3-4 sides (all five in an `extreme` case), each of another join type (LEFT, RIGHT, INNER, LEFT SEMI, LEFT
+    ANTI) on k or j (an anti join on k: on j, with 3 values, it leaves few rows to the joins above); whether y is
+    joined; the sides that are join trees (about one in three); and, where y is joined, after how many sides (0:
+    first; the sides after it timed by y's event time, so outer joins are padded by two streams' times)."""
     rng = random.Random(seed)
-    sides = [(rng.choice(["left", "left", "right", "inner"]), rng.choice(["k", "k", "j"])) for _ in range(rng.randint(2, 4))]
-    if seed % 2:
-        sides[rng.randrange(len(sides))] = ("semi", rng.choice(["k", "k", "j"]))
+    kinds = rng.sample(["left", "right", "inner", "semi", "anti"], 5 if extreme(seed) else rng.randint(3, 4))
+    sides = [(how, "k" if how == "anti" else rng.choice(["k", "k", "j"])) for how in kinds]
     with_y = rng.random() < 0.5
-    of_trees = random.Random(300 + seed)  # (generators of their own: the sides drawn above stay what they were)
-    trees = frozenset(i for i in range(1, len(sides) + 1) if of_trees.random() < 0.35)
-    of_y = random.Random(600 + seed)
-    y_after = of_y.randint(1, len(sides) - 1) if with_y and of_y.random() < 0.6 else 0
-    if seed % 5 == 0:  # a left anti join on k in place of one side (on j, with 3 values, it leaves few rows to the joins above)
-        sides[random.Random(908 + seed).randrange(len(sides))] = ("anti", "k")
+    trees = frozenset(i for i in range(1, len(sides) + 1) if rng.random() < 0.35)
+    y_after = rng.randint(1, len(sides) - 1) if with_y and rng.random() < 0.6 else 0
     return sides, with_y, trees, y_after
 
 
-# (Seed 4, a RIGHT and an INNER side with y and a join tree, left out for the suite's time: seeds 0 and 5 have those.)
-CHAIN_SEEDS = (0, 1, 2, 3, 5)
+# Five cases, two of them `extreme`, that together hold every feature of users' data on both sides of every
+# join type, and the shapes `test_the_random_chains_mix_every_join_type` asks for (found by a search over seeds).
+CHAIN_SEEDS = (87, 113, 140, 166, 254)
+
+
+def chain_names(sides: list[tuple[str, str]], with_y: bool, trees: frozenset[int]) -> list[str]:
+    return ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1)), *(f"u{i}" for i in sorted(trees))]
+
+
+def chain_streams(seed: int, names: list[str]) -> dict[str, Batches]:
+    """A random chain's streams as users' data has them (see `draw_streams`): NULL keys in a share drawn per
+    stream, empty micro-batches, rows at watermarks; in an `extreme` case, x's keys all NULL or no x row, and
+    each side stream zi the one or the other in turn."""
+    rng = random.Random(seed)
+    extremes: dict[str, str] = {}
+    if extreme(seed):
+        edges = [stream_data.ALL_NULL, stream_data.NO_ROWS]
+        first = rng.randrange(2)
+        extremes = {name: edges[(first + i) % 2] for i, name in enumerate(n for n in names if n == "x" or n.startswith("z"))}
+    return draw_streams(names, rng, most_cuts=4, null_keys=None, extremes=extremes)
+
+
+def chain_coverage(seeds: tuple[int, ...]) -> dict[tuple[str, str], set[str]]:
+    """Per join type and side ("preserved": x, whose key the join reads; "other": zi), what the seeds' streams
+    there hold (stream_data.features, over the key columns the join compares)."""
+    covered: dict[tuple[str, str], set[str]] = {}
+    for seed in seeds:
+        sides, with_y, trees, _ = random_chain(seed)
+        streams = chain_streams(seed, chain_names(sides, with_y, trees))
+        marks = stream_data.watermarks(streams, 2, {name: DELAY_MS for name in streams}, stream_data.policy_for(streams))
+        for i, (how, key) in enumerate(sides, start=1):
+            compared = {"k": [0], "j": [1], "kj": [0, 1]}[key]
+            for side, name in (("preserved", "x"), ("other", f"z{i}")):
+                covered.setdefault((how, side), set()).update(stream_data.features(streams[name], compared, 2, marks))
+    return covered
 
 
 def test_the_random_chains_mix_every_join_type() -> None:
@@ -165,18 +223,28 @@ def test_the_random_chains_mix_every_join_type() -> None:
     # outer joins padded by x's time and by y's in one chain
     assert any(y_after and {"left", "right"} & {how for how, _ in sides[:y_after]} and {"left", "right"} & {how for how, _ in sides[y_after:]}
                for sides, _, _, y_after in drawn)
+    assert sum(not extreme(seed) for seed in CHAIN_SEEDS) >= 2 and any(extreme(seed) for seed in CHAIN_SEEDS)
+
+
+def test_the_random_chains_hold_users_data_on_both_sides_of_every_join_type() -> None:
+    wanted = {(how, side): stream_data.FEATURES for how in ("left", "right", "inner", "semi", "anti") for side in ("preserved", "other")}
+    lacking = stream_data.missing(chain_coverage(CHAIN_SEEDS), wanted)
+    assert not lacking, lacking
 
 
 @pytest.mark.parametrize("seed", CHAIN_SEEDS)
 def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_micro_batch_by_micro_batch_like_spark(
         spark: SparkSession, tmp_path: Path, seed: int) -> None:
     sides, with_y, trees, y_after = random_chain(seed)
-    names = ["x", *(["y"] if with_y else []), *(f"z{i}" for i in range(1, len(sides) + 1)), *(f"u{i}" for i in sorted(trees))]
-    random_streams(tmp_path, names, random.Random(seed))
+    names = chain_names(sides, with_y, trees)
+    streams = chain_streams(seed, names)
+    write_streams(tmp_path, streams)
     # (Two inputs are enough for a group: a join tree on an outer or semi join's non-preserved side runs as a StreamingUMJoin of its own.)
-    settings = {**(ROCKSDB if seed % 4 in (1, 2) else {}), "spark.umjoin.minInputs": "2"}
+    settings = {**(ROCKSDB if seed % 4 in (1, 2) else {}), "spark.umjoin.minInputs": "2", **stream_data.policy_settings(streams)}
     restart = names if seed % 3 == 2 else None  # stopped halfway, with combinations waiting to be padded or matched
     umjoin, on, off = run_both(spark, tmp_path, lambda: chain_query(spark, tmp_path, sides, with_y, trees, y_after), settings, restart)
+    if not restart:  # (a restart runs a micro-batch without new rows where the stop came: the watermarks shift by one batch)
+        stream_data.assert_watermarks(umjoin, stream_data.watermarks(streams, 2, {name: DELAY_MS for name in names}, stream_data.policy_for(streams)))
 
     plan = executed_plan(umjoin)
     # Each join tree on a non-preserved side is cut off, its output one input of the group above; an inner side's is in the group.
@@ -189,11 +257,17 @@ def test_a_random_chain_of_outer_and_semi_joins_runs_as_one_streaming_umjoin_mic
     if y_after and outer_before_y and outer_after_y:  # padded by x's time and by y's, each stream's rows rescanned
         assert len(set(re.findall(r"rules out a match \(by #(\d+)'s event time\)", plan))) == 2, plan
     assert on == off, (sides, with_y)  # the same rows, each put out in the same micro-batch as many times
+    if extreme(seed):  # (x's keys all NULL, or no x row: nothing matches, or nothing comes out)
+        return
     names_out = chain_query(spark, tmp_path, sides, with_y, trees, y_after).columns
-    for i in trees:  # each join tree on a padded side matched through both its streams somewhere
-        assert sides[i - 1][0] not in ("left", "right") or any(row[names_out.index(f"u{i}_v")] is not None for row in on), (i, sides)
-    padded_somewhere = [row for row in on if None in row]
-    assert len(padded_somewhere) < len(on)  # some rows every join matched
+    padded_trees = [i for i in trees if sides[i - 1][0] in ("left", "right")]
+    # Some join tree on a padded side matched through both its streams (each one's side streams have NULL keys in a share of their own).
+    assert not padded_trees or any(row[names_out.index(f"u{i}_v")] is not None for i in padded_trees for row in on), (padded_trees, sides)
+    # A row padded by some join: NULL in a stream's value column (never NULL in the data, unlike its keys).
+    values = [names_out.index(c) for c in names_out if c.endswith("_v")]
+    padded_somewhere = [row for row in on if any(row[c] is None for c in values)]
+    # Some rows every join matched (but a RIGHT join's stream may meet no combination of the joins below it).
+    assert len(padded_somewhere) < len(on) or any(how == "right" for how, _ in sides), (sides, with_y)
     assert padded_somewhere or any(how in ("inner", "semi", "anti") for how, _ in sides)  # (inner joins above may drop every padded row)
 
 
@@ -389,7 +463,10 @@ def test_semi_joins_one_above_the_other_or_side_by_side_on_any_keys_run_in_one_s
         assert probed[-len(semis):] == sorted(semis), route  # the semi joins last, lowest first, as Spark applies them
     assert on == off and on
     dropped = {name for p in umjoin.recentProgress for op in p["stateOperators"] for name in op["customMetrics"] if name.startswith("semiDropped")}
-    assert len(dropped) == len(semis) and all(umjoin_metric(umjoin, name) > 0 for name in dropped), plan  # each semi join dropped some
+    per_batch = [(p["batchId"], p["numInputRows"], {name: op["customMetrics"].get(name) for op in p["stateOperators"]
+                  for name in op["customMetrics"] if name.startswith(("semi", "unmatched"))}) for p in umjoin.recentProgress]
+    # Each semi join dropped some (the metrics per micro-batch shown where one did not).
+    assert len(dropped) == len(semis) and all(umjoin_metric(umjoin, name) > 0 for name in dropped), per_batch
 
 
 def test_a_semi_joins_first_match_batches_after_its_row_comes_out_then_through_the_join_above_like_spark(
@@ -468,12 +545,14 @@ def test_outer_joins_padded_by_different_streams_event_times_run_in_one_streamin
         assert any(row[padded] is not None for row in on), (padded, on)
 
 
-def anti_query(spark: SparkSession, directory: Path, position: str, by_hand: bool) -> DataFrame:
+def anti_query(spark: SparkSession, directory: Path, position: str, by_hand: bool,
+               tables: dict[str, DataFrame] | None = None) -> DataFrame:
     """x LEFT ANTI z (z on x_k, z_ts within 5 minutes of x_ts), joined inner with y on x_k: above the anti join
     ("below": (x ANTI z) JOIN y) or below it ("top": (x JOIN y) ANTI z). `by_hand`: the anti join written as Spark
-    runs it between streams, a left outer join keeping the rows padded with NULLs, x's (and y's) columns."""
+    runs it between streams, a left outer join keeping the rows padded with NULLs, x's (and y's) columns. With
+    `tables`, the same joins of those (batch) tables instead of the streams."""
     def watermarked(name: str) -> DataFrame:  # (the query's streams are all under `directory`)
-        return watermarked_stream(spark, directory, name)
+        return tables[name] if tables is not None else watermarked_stream(spark, directory, name)
 
     def anti(df: DataFrame) -> DataFrame:
         on = (F.col("x_k") == F.col("z_k")) & near("z_ts", "x_ts")
@@ -492,18 +571,29 @@ def test_a_left_anti_join_of_two_streams_runs_as_the_left_outer_join_keeping_its
         spark: SparkSession, tmp_path: Path, position: str, seed: int) -> None:
     """Spark refuses a left anti join of two streams; with UMJoin it puts out each unmatched row once, in the
     micro-batch Spark's left outer join pads it (compared with that join written by hand, batch by batch), inside
-    the StreamingUMJoin, below the inner join or above it. Every row it puts out has no z row within its time range."""
-    random_streams(tmp_path, ["x", "y", "z"], random.Random(seed), minutes=30, most_cuts=4)
+    the StreamingUMJoin, below the inner join or above it. Every row it puts out has no z row within its time range,
+    and every row the batch anti join of the rows Spark does not drop as late (those at or behind the watermark
+    the micro-batch they came in filters by) puts out comes out: none is lost by the rewrite both runs share."""
+    streams = draw_streams(["x", "y", "z"], random.Random(seed), minutes=30, most_cuts=4)
+    write_streams(tmp_path, streams)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off")
             with pytest.raises(Exception, match="LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"):
                 run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-spark")
+            marks = stream_data.watermarks(streams, 2, {name: DELAY_MS for name in streams})
+            on_time = {name: [row for b, batch in enumerate(batches) for row in batch
+                              if stream_data.millis(row[2]) > stream_data.late_before(marks, b)] for name, batches in streams.items()}
+            tables = {name: spark.createDataFrame(rows, columns(name)) for name, rows in on_time.items()}
+            completed = sorted_rows(anti_query(spark, tmp_path, position, False, tables))
 
     plan = executed_plan(umjoin)
     assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    stream_data.assert_watermarks(umjoin, marks)
     assert on == off
+    assert sorted((row for row, batches in on.items() for _ in batches), key=nulls_first) == completed
+    assert sum(len(rows) for rows in on_time.values()) < sum(len(batch) for batches in streams.values() for batch in batches)  # (late rows)
     names = anti_query(spark, tmp_path, position, False).columns
     z = [(r["z_k"], r["z_ts"]) for r in spark.read.parquet(str(tmp_path / "z")).collect()]
     window = datetime.timedelta(minutes=5)

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from test_streaming import ROCKSDB, executed_plan, run_by_batch, run_to_end, sorted_rows, stream, write_batches
+from test_streaming import ROCKSDB, SPARK_JOINS, executed_plan, run_by_batch, run_to_end, sorted_rows, stream, write_batches
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
@@ -96,7 +96,7 @@ def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins
     settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
     with temporary_conf(spark, settings):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             spark_joins, off = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
@@ -131,7 +131,7 @@ def test_a_semi_join_on_top_puts_each_combination_out_once_at_its_first_match_li
     settings = {"spark.sql.shuffle.partitions": "3", **ROCKSDB}
     with temporary_conf(spark, settings):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
@@ -150,7 +150,7 @@ def test_a_semi_join_spark_pushed_below_the_inner_joins_runs_inside_the_streamin
     random_streams(tmp_path, 8, minutes=60)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             spark_joins, off = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-off")
     plan = executed_plan(umjoin)
     spark_plan = executed_plan(spark_joins)
@@ -181,7 +181,7 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
         restarted = start({"availableNow": True})
         restarted.awaitTermination()
         plan = executed_plan(restarted)
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             expected, _ = run_to_end(outer_query(spark, data, "left"), "outer_restart_off", tmp_path / "ck-off")
 
     written = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
@@ -207,7 +207,7 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.minInputs": "3"}):
         running, on = run_by_batch(query(), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(query(), tmp_path / "ck-off")
     plan = executed_plan(running)
     assert plan.count("StreamingSymmetricHashJoin") == 1, plan
@@ -237,7 +237,7 @@ def test_a_full_outer_join_above_a_streaming_umjoin_reads_its_rows_partitioned_b
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         umjoin, on = run_by_batch(query(), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(query(), tmp_path / "ck-off")
 
     assert any(None in row for row in on) and on == off  # (each row put out in the same micro-batch)

@@ -1,13 +1,16 @@
 """Stream-stream joins with no equality between their sides (bands, inequalities, a Python UDF), bounded
 by time ranges: Spark refuses them while planning; with UMJoin they run, their state one time slice
 (`umjoin_time_slice`). Checked against a nested-loop join computed here, and micro-batch by micro-batch
-against Spark's own stream-stream joins keyed by the slice (the group not converted), with late rows,
-a restart, HDFS and RocksDB state; joins UMJoin cannot bound are refused with what is missing.
+against Spark's own stream-stream joins of the same rows, which Spark runs given an equality that always
+holds (`constant_key`, UMJoin off), with users' data (NULL keys and prices, streams without rows, empty
+micro-batches, late rows, rows at the watermark), a restart, HDFS and RocksDB state; joins UMJoin cannot
+bound are refused with what is missing.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import itertools
 import json
@@ -20,44 +23,82 @@ from typing import Callable
 import pytest
 from pyspark.accumulators import Accumulator
 from pyspark.errors import AnalysisException, StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, TimestampType
 
-from test_streaming import ROCKSDB, executed_plan, nulls_first, run_by_batch, stream, write_batches
+import stream_data
+from stream_data import Batches
+from test_streaming import ROCKSDB, SPARK_JOINS, executed_plan, nulls_first, run_by_batch, stream, write_batches
 from test_streaming_outer import hold_back_second_half
 from umjoin.local import temporary_conf
 
 BASE = datetime.datetime(2026, 1, 1)
 NAMES = ("a", "b", "c")
 NEAR = datetime.timedelta(minutes=5)
+DELAY_MS = 10 * 60 * 1000  # every stream's watermark delay
 
 
 def columns(name: str) -> str:
     return f"{name}_k BIGINT, {name}_p BIGINT, {name}_ts TIMESTAMP"
 
 
-def random_rows(rng: random.Random, names: tuple[str, ...] = NAMES) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+def random_rows(rng: random.Random, names: tuple[str, ...] = NAMES, users_data: bool = False,
+                extremes: dict[str, str] | None = None) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
     """Per stream, 15-30 rows over 30 minutes of event time on a 30-second grid (equal times, and rows exactly
-    5 minutes apart: on a window's bound), in arrival order: out of order by up to 6 minutes."""
+    5 minutes apart: on a window's bound), in arrival order: out of order by up to 6 minutes. With `users_data`,
+    each stream's key and price are NULL in a share of its rows drawn per stream (none, some or many). `extremes`:
+    streams whose every key and price is NULL (stream_data.ALL_NULL: 5-10 rows) or that have no row (NO_ROWS)."""
+    extremes = extremes or {}
     streams = {}
     for name in names:
+        share = 1.0 if extremes.get(name) == stream_data.ALL_NULL else rng.choice([0.0, 0.1, 0.3]) if users_data else 0.0
+        key, price = stream_data.key_drawer(rng, 3, share), stream_data.key_drawer(rng, 100, share)
+        if extremes.get(name) == stream_data.NO_ROWS:
+            streams[name] = []
+            continue
         arrivals = []
-        for _ in range(rng.randint(15, 30)):
+        for _ in range(rng.randint(5, 10) if name in extremes else rng.randint(15, 30)):
             at = BASE + datetime.timedelta(seconds=30 * rng.randrange(60))
-            arrivals.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (rng.randrange(3), rng.randrange(100), at)))
+            arrivals.append((at + datetime.timedelta(minutes=rng.uniform(0, 6)), (key(), price(), at)))
         streams[name] = [row for _, row in sorted(arrivals)]
     return streams
 
 
-def write_in_batches(directory: Path, streams: dict[str, list[tuple]], rng: random.Random | None) -> None:  # type: ignore[type-arg]
-    """Each stream in one file, or (with `rng`) cut at random into micro-batches with a row a day late in its
-    second half, and a last file two days on whose watermark ends every window."""
+def in_batches(streams: dict[str, list[tuple]], rng: random.Random, most_cuts: int = 4) -> dict[str, Batches]:  # type: ignore[type-arg]
+    """Each stream's rows cut at random into micro-batches (at 2 to `most_cuts` places; an empty one now and then)
+    with a row a day late in its second half, rows exactly at watermarks, and a last micro-batch two days on whose
+    watermark ends every window (its row's key and price NULL where every other's are; none for a stream without
+    rows: its watermark never moves, and the case runs with the maximum's watermark policy)."""
+    cut: dict[str, Batches] = {}
     for n, (name, rows) in enumerate(streams.items()):
-        if rng is None:
-            write_batches(directory / name, columns(name), [rows])
+        if not rows:
+            cut[name] = [[]]
             continue
+        rows = list(rows)
+        late = rng.randrange(len(rows) // 2, len(rows))
+        rows[late] = (rows[late][0], rows[late][1], BASE - datetime.timedelta(days=1))
+        batches = stream_data.cut(rng, rows, rng.randint(min(2, most_cuts), most_cuts), empty=0.25)
+        null = all(row[0] is None and row[1] is None for row in rows)
+        cut[name] = [*batches, [(None if null else 9, None if null else 0, BASE + datetime.timedelta(days=2, minutes=n))]]
+    stream_data.put_at_watermarks(rng, cut, 2, {name: DELAY_MS for name in cut}, policy=stream_data.policy_for(cut))
+    return cut
+
+
+def write_in_batches(directory: Path, streams: dict[str, list[tuple]], rng: random.Random | None) -> dict[str, Batches]:  # type: ignore[type-arg]
+    """Each stream in one file, or (with `rng`) in the micro-batches `in_batches` cuts. Returns the micro-batches written."""
+    written = in_batches(streams, rng) if rng is not None else {name: [list(rows)] for name, rows in streams.items()}
+    for name, batches in written.items():
+        write_batches(directory / name, columns(name), batches)
+    return written
+
+
+def write_cut_at_random(directory: Path, streams: dict[str, list[tuple]], rng: random.Random) -> None:  # type: ignore[type-arg]
+    """Each stream cut at 2-4 random places, a row a day late in its second half, and a last micro-batch two days
+    on: the rows the test of the automatic slice counts measures its cost model's choice on (no empty micro-batch,
+    no row at a watermark: `in_batches` draws those)."""
+    for n, (name, rows) in enumerate(streams.items()):
         rows = list(rows)
         late = rng.randrange(len(rows) // 2, len(rows))
         rows[late] = (rows[late][0], rows[late][1], BASE - datetime.timedelta(days=1))
@@ -66,29 +107,41 @@ def write_in_batches(directory: Path, streams: dict[str, list[tuple]], rng: rand
         write_batches(directory / name, columns(name), [*batches, [(9, 0, BASE + datetime.timedelta(days=2, minutes=n))]])
 
 
-def band_query(spark: SparkSession, directory: Path, keyed: bool, slow: bool = False) -> DataFrame:
+def constant_key(condition: Column, left: str, right: str) -> Column:
+    """`condition` and an equality of a value that is 0 in every row of either side: the same join, which Spark runs
+    as a stream-stream join (it refuses one without an equality), all its state in one partition: Spark's answer."""
+    def zero(name: str) -> Column:  # (keys are never negative; Spark's optimizer folds `coalesce(k, 0) * 0` to 0)
+        return F.least(F.coalesce(F.col(f"{name}_k"), F.lit(0)), F.lit(0))
+    return condition & (zero(left) == zero(right))
+
+
+def band_query(spark: SparkSession, directory: Path, keyed: bool, slow: bool = False, for_spark: bool = False) -> DataFrame:
     """a and b within 5 minutes and 25 in price; their result and c within 5 minutes of b, c's price between
     theirs, and a Python UDF of a_p and c_p; with `keyed`, c also on a's key (a group mixing both); with `slow`,
-    also a Scala UDF of a_k and c_k taking 200 µs a call (registered as `umjoin_slow`)."""
+    also a Scala UDF of a_k and c_k taking 200 µs a call (registered as `umjoin_slow`). `for_spark`: each join with
+    an equality that always holds (`constant_key`), so that Spark runs it (UMJoin off: the reference)."""
     frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
+    runnable = constant_key if for_spark else lambda condition, _left, _right: condition
 
     def near(x: str, y: str):  # type: ignore[no-untyped-def]
         return F.col(x).between(F.col(y) - F.expr("interval 5 minutes"), F.col(y) + F.expr("interval 5 minutes"))
 
-    ab = frames["a"].join(frames["b"], near("b_ts", "a_ts") & (F.abs(F.col("a_p") - F.col("b_p")) < 25))
+    ab = frames["a"].join(frames["b"], runnable(near("b_ts", "a_ts") & (F.abs(F.col("a_p") - F.col("b_p")) < 25), "a", "b"))
     ab = ab.withMetadata("a_ts", {})  # (Spark's joins take one event-time column per side)
     on = near("c_ts", "b_ts") & F.col("c_p").between(F.least("a_p", "b_p"), F.greatest("a_p", "b_p"))
     # A Python UDF, a stand-in for a costly similarity test (a lambda: Spark's Python workers cannot import this module).
-    on = on & F.udf(lambda a_p, c_p: (a_p + c_p) % 3 != 0, BooleanType())("a_p", "c_p")
+    on = on & F.udf(lambda a_p, c_p: a_p is not None and c_p is not None and (a_p + c_p) % 3 != 0, BooleanType())("a_p", "c_p")
     if slow:
         on = on & F.expr("umjoin_slow(a_k, c_k)")
-    return ab.join(frames["c"], on & (F.col("a_k") == F.col("c_k")) if keyed else on)
+    return ab.join(frames["c"], runnable(on & (F.col("a_k") == F.col("c_k")) if keyed else on, "b", "c"))
 
 
 def nested_loop(streams: dict[str, list[tuple]], keyed: bool) -> list[tuple]:  # type: ignore[type-arg]
     """The query's result over all rows, every combination tested (the reference)."""
     out = []
     for a, b, c in itertools.product(streams["a"], streams["b"], streams["c"]):
+        if None in (a[1], b[1], c[1]) or keyed and None in (a[0], c[0]):  # (a comparison with NULL holds for no row)
+            continue
         if abs(a[2] - b[2]) <= NEAR and abs(a[1] - b[1]) < 25 and abs(c[2] - b[2]) <= NEAR and \
                 min(a[1], b[1]) <= c[1] <= max(a[1], b[1]) and (a[1] + c[1]) % 3 != 0 and (not keyed or a[0] == c[0]):
             out.append((*a, *b, *c))
@@ -157,7 +210,7 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
     write_in_batches(tmp_path, streams, None)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
         query, emitted = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             with pytest.raises(Exception, match="Stream-stream join without equality predicate is not supported"):
                 band_query(spark, tmp_path, keyed=False).explain()
 
@@ -261,36 +314,6 @@ def test_a_scala_udf_written_first_is_called_only_for_the_combinations_the_simpl
     assert plan.count(f"{slices} time slices per window") == 3, plan
 
 
-@pytest.mark.parametrize(("seed", "keyed", "provider"), [(1, False, "hdfs"), (2, True, "rocksdb")])
-def test_band_joins_put_out_what_sparks_joins_keyed_by_the_slice_put_out_micro_batch_by_micro_batch(
-        spark: SparkSession, tmp_path: Path, seed: int, keyed: bool, provider: str) -> None:
-    """With late rows, random micro-batches and a restart from the checkpoint halfway; Spark's joins keyed by
-    the slice are what runs when the group is not converted (here: fewer inputs than spark.umjoin.minInputs)."""
-    rng = random.Random(seed)
-    streams = random_rows(rng)
-    write_in_batches(tmp_path, streams, rng)
-    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
-
-    def run(name: str) -> tuple:  # type: ignore[type-arg]
-        put_back = hold_back_second_half(tmp_path, list(NAMES))
-        _, first = run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}")
-        put_back()
-        return run_by_batch(band_query(spark, tmp_path, keyed), tmp_path / f"ck-{name}", first)
-
-    with temporary_conf(spark, settings):
-        umjoin, on = run("on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            spark_joins, off = run("off")
-
-    plan = executed_plan(umjoin)
-    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
-    # Spark's joins: the one on a's key keyed by it, each other one by the slice.
-    assert executed_plan(spark_joins).count("StreamingSymmetricHashJoin [umjoin_time_slice(") == (1 if keyed else 2)
-    assert on == off  # the same rows, each put out in the same micro-batch
-    everything = nested_loop(streams, keyed)
-    assert on and set(on) <= set(everything)  # matches come out, none that the conditions rule out
-
-
 def recorded_slicings(checkpoint: Path) -> dict[int, list[dict]]:  # type: ignore[type-arg]
     """Per micro-batch that changed the time slicing, each input's slicing as the checkpoint recorded it."""
     operator = next((checkpoint / "state").glob("*/_umjoin_layout.json")).parent
@@ -300,20 +323,20 @@ def recorded_slicings(checkpoint: Path) -> dict[int, list[dict]]:  # type: ignor
 def restarted_from_6_to_3_slices(spark: SparkSession, directory: Path, between: Callable[[Path], None]) -> tuple[list[tuple], list[tuple], StreamingQuery]:  # type: ignore[type-arg]
     """The restart tests' run: random rows in random micro-batches (and a micro-batch more after the one whose
     watermark ends every window), the band query to a file sink over 6 partitions, restarted from 6 slices per window
-    to 3 with `between` given the checkpoint; with UMJoin and with Spark's joins keyed by the slice. Both sinks' rows,
+    to 3 with `between` given the checkpoint; with UMJoin and with Spark's joins (`constant_key`). Both sinks' rows,
     and UMJoin's query as restarted."""
     rng = random.Random(4)
     write_in_batches(directory, random_rows(rng), rng)
     for n, name in enumerate(NAMES):
         write_batches(directory / name, columns(name), [[(9, 0, BASE + datetime.timedelta(days=3, minutes=n))]])
 
-    def to_files(name: str) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
-        return restarted_to_files(spark, directory, name, ("6", "3"), lambda: band_query(spark, directory, keyed=False), between)
+    def to_files(name: str, for_spark: bool) -> tuple[list[tuple], StreamingQuery]:  # type: ignore[type-arg]
+        return restarted_to_files(spark, directory, name, ("6", "3"), lambda: band_query(spark, directory, keyed=False, for_spark=for_spark), between)
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "6"}):
-        on, umjoin = to_files("on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = to_files("off")
+        on, umjoin = to_files("on", False)
+        with temporary_conf(spark, SPARK_JOINS):
+            off, _ = to_files("off", True)
     return on, off, umjoin
 
 
@@ -322,7 +345,7 @@ def test_a_restart_with_other_time_slices_cuts_the_new_slices_past_the_stored_ro
     """The query stops halfway with its rows spread over 6 slices per window and restarts with 3: once a micro-batch
     reported where the stored rows' event times end, the new slices start at a slice boundary past them; the stored
     rows stay where they are and are probed there until none is left. The file sink holds what Spark's own joins
-    (keyed by the slice) put out over the same restart, each row once. The layout record is as the version before
+    (`constant_key`) put out over the same restart, each row once. The layout record is as the version before
     slice counts wrote it (the width only, a slice per partition: read as 6 slices over the 6 partitions). (With
     RocksDB and `auto`: the test after this one.)"""
     def as_written_before(checkpoint: Path) -> None:
@@ -363,7 +386,7 @@ def test_slices_past_a_burst_are_narrower_so_each_holds_as_many_rows_and_the_ans
     half an hour, then one every 2 seconds: past the burst's first micro-batch the slices are cut narrower, by the
     ratio of the rates the micro-batch before measured (stored rows against the rows it brought), so that each
     holds about as many rows and the burst's rows are spread over the partitions instead of filling one. Every
-    micro-batch puts out what Spark's joins keyed by the slice put out in it, and everything equals a nested loop."""
+    micro-batch puts out what Spark's joins (`constant_key`) put out in it, and everything equals a nested loop."""
     rng = random.Random(11)
     minute = datetime.timedelta(minutes=1)
     slow = [BASE + i * minute for i in range(30)]
@@ -377,8 +400,8 @@ def test_slices_past_a_burst_are_narrower_so_each_holds_as_many_rows_and_the_ans
     settings = {"spark.sql.shuffle.partitions": "4", "spark.umjoin.timeSlices": "2"}
     with temporary_conf(spark, settings):
         umjoin, on = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            _, off = run_by_batch(band_query(spark, tmp_path, keyed=False), tmp_path / "ck-off")
+        with temporary_conf(spark, SPARK_JOINS):
+            _, off = run_by_batch(band_query(spark, tmp_path, keyed=False, for_spark=True), tmp_path / "ck-off")
 
     assert on == off  # the same rows, each put out in the same micro-batch
     assert sorted(row for row, batches in on.items() for _ in batches) == nested_loop(streams, keyed=False)
@@ -396,7 +419,7 @@ def test_a_change_of_slices_left_pending_by_the_version_before_stretches_probes_
     """A checkpoint as the version before stretches left it when it stopped in the middle of a change from 6 slices
     per window to 3 (recorded for the next micro-batch: the new width, and the width before, whose rows it still
     probed): the restart places new rows by the new width, probes the stored rows where the width before placed
-    them, counts those rows until none is left, and puts out what Spark's joins keyed by the slice put out."""
+    them, counts those rows until none is left, and puts out what Spark's joins (`constant_key`) put out."""
     def as_left_mid_change(checkpoint: Path) -> None:
         following = 1 + max(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
         for record in (checkpoint / "state").glob("*/_umjoin_layout.json"):
@@ -427,15 +450,15 @@ def test_auto_time_slices_are_chosen_from_the_costs_the_micro_batch_before_measu
     """Restarted from 1 slice per window with `spark.umjoin.timeSlices=auto`: from the second micro-batch of the run
     on, each stream's count is the one of least predicted time (within 20% of the current one it stays) by the
     costs its metrics measured in the batch before; with a Scala UDF of 200 µs in c's step, that is more slices for
-    c. The file sink holds what Spark's joins keyed by the slice put out over the same restart (RocksDB state)."""
+    c. The file sink holds what Spark's joins (`constant_key`) put out over the same restart (RocksDB state)."""
     rng = random.Random(4)
-    write_in_batches(tmp_path, random_rows(rng), rng)
+    write_cut_at_random(tmp_path, random_rows(rng), rng)
     spark.udf.registerJavaFunction("umjoin_slow", "umjoin.spark.testkit.SlowSimilarity", BooleanType())
     partitions, cores = 6, spark.sparkContext.defaultParallelism
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": str(partitions), **ROCKSDB}):
         on, umjoin = restarted_to_files(spark, tmp_path, "on", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True))
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off, _ = restarted_to_files(spark, tmp_path, "off", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True))
+        with temporary_conf(spark, SPARK_JOINS):
+            off, _ = restarted_to_files(spark, tmp_path, "off", ("1", "auto"), lambda: band_query(spark, tmp_path, keyed=False, slow=True, for_spark=True))
     assert on == off and on  # (the same rows, each as often)
 
     measured = {p["batchId"]: p["stateOperators"][0]["customMetrics"] for p in umjoin.recentProgress if p["stateOperators"]}
@@ -465,74 +488,173 @@ def test_auto_time_slices_are_chosen_from_the_costs_the_micro_batch_before_measu
     assert f"{chosen[2]} time slices per window" in plan, plan
 
 
-def outer_query(spark: SparkSession, directory: Path, how: str, ways: int) -> DataFrame:
+def outer_query(spark: SparkSession, directory: Path, how: str, ways: int, for_spark: bool = False) -> DataFrame:
     """a and b within 5 minutes and 10 in price; with 2 `ways` that join is `how` (left, right, left_semi), with 3 it
-    is inner and its result is joined `how` with c, within 5 minutes of b and c's price above b's. No equality."""
-    frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES}
-    on_b = F.col("b_ts").between(F.col("a_ts") - NEAR, F.col("a_ts") + NEAR) & (F.abs(F.col("a_p") - F.col("b_p")) < 10)
+    is inner and its result is joined `how` with c, within 5 minutes of b and c's price above b's. No equality
+    (`for_spark`: each join with one that always holds, `constant_key`, so that Spark runs it)."""
+    frames = {n: stream(spark, directory / n, columns(n)).withWatermark(f"{n}_ts", "10 minutes") for n in NAMES[:ways]}
+    runnable = constant_key if for_spark else lambda condition, _left, _right: condition
+    on_b = runnable(F.col("b_ts").between(F.col("a_ts") - NEAR, F.col("a_ts") + NEAR) & (F.abs(F.col("a_p") - F.col("b_p")) < 10), "a", "b")
     if ways == 2:
         return frames["a"].join(frames["b"], on_b, how)
     ab = frames["a"].join(frames["b"], on_b).withMetadata("a_ts", {})  # (one event-time column per side)
-    return ab.join(frames["c"], F.col("c_ts").between(F.col("b_ts") - NEAR, F.col("b_ts") + NEAR) & (F.col("c_p") > F.col("b_p")), how)
+    return ab.join(frames["c"], runnable(F.col("c_ts").between(F.col("b_ts") - NEAR, F.col("b_ts") + NEAR) & (F.col("c_p") > F.col("b_p")), "b", "c"), how)
 
 
 def outer_nested_loop(streams: dict[str, list[tuple]], how: str, ways: int) -> list[tuple]:  # type: ignore[type-arg]
-    """`outer_query`'s result over all rows, every combination tested; NULLs for the padded side."""
+    """`outer_query`'s result over all rows, every combination tested; NULLs for the padded side (a NULL price matches nothing)."""
     def near_b(a: tuple, b: tuple) -> bool:  # type: ignore[type-arg]
-        return abs(a[2] - b[2]) <= NEAR and abs(a[1] - b[1]) < 10
+        return None not in (a[1], b[1]) and abs(a[2] - b[2]) <= NEAR and abs(a[1] - b[1]) < 10
 
     if ways == 2:
         left, right, matches = [(a,) for a in streams["a"]], [(b,) for b in streams["b"]], lambda l, r: near_b(l[0], r[0])
     else:
         left = [(a, b) for a in streams["a"] for b in streams["b"] if near_b(a, b)]
-        right, matches = [(c,) for c in streams["c"]], lambda l, r: abs(r[0][2] - l[1][2]) <= NEAR and r[0][1] > l[1][1]
+        right = [(c,) for c in streams["c"]]
+        matches = lambda l, r: None not in (r[0][1], l[1][1]) and abs(r[0][2] - l[1][2]) <= NEAR and r[0][1] > l[1][1]  # noqa: E731
     flat = lambda rows: tuple(v for row in rows for v in row)  # noqa: E731
-    nulls = lambda rows: (None,) * (3 * len(rows[0]))  # noqa: E731
+    nulls = lambda width: (None,) * (3 * width)  # noqa: E731
     out = [flat(l) + flat(r) for l in left for r in right if matches(l, r)] if how != "left_semi" else []
     if how == "left":
-        out += [flat(l) + nulls(right) for l in left if not any(matches(l, r) for r in right)]
+        out += [flat(l) + nulls(1) for l in left if not any(matches(l, r) for r in right)]
     if how == "right":
-        out += [nulls(left) + flat(r) for r in right if not any(matches(l, r) for l in left)]
+        out += [nulls(1 if ways == 2 else 2) + flat(r) for r in right if not any(matches(l, r) for l in left)]
     if how == "left_semi":
         out += [flat(l) for l in left if any(matches(l, r) for r in right)]
     return sorted(out, key=nulls_first)
 
 
-@pytest.mark.parametrize(("how", "ways", "provider"), [("left", 2, "hdfs"), ("right", 3, "rocksdb"), ("left_semi", 3, "hdfs")])
-def test_outer_and_semi_joins_without_an_equality_run_and_equal_a_nested_loop_and_sparks_joins_keyed_by_the_slice(
-        spark: SparkSession, tmp_path: Path, how: str, ways: int, provider: str) -> None:
-    """Spark refuses them as it refuses inner ones. With UMJoin: all rows in one micro-batch, then one whose
-    watermark ends every window: the nested loop's rows, each padded row once its window ended; with random
-    micro-batches, late rows and a restart halfway: Spark's joins keyed by the slice, micro-batch by micro-batch."""
+@pytest.mark.parametrize(("how", "ways"), [("left", 2), ("right", 3), ("left_semi", 3)])
+def test_outer_and_semi_joins_without_an_equality_run_and_equal_a_nested_loop(spark: SparkSession, tmp_path: Path, how: str, ways: int) -> None:
+    """Spark refuses them as it refuses inner ones. With UMJoin, all rows in one micro-batch, then one whose
+    watermark ends every window: the nested loop's rows, each padded row once its window ended (NULL prices too:
+    they match nothing). Against Spark's joins micro-batch by micro-batch: the random cases below."""
     rng = random.Random(ways)
-    streams = random_rows(rng)
+    streams = random_rows(rng, users_data=True)
     ending = {name: [(9, 0, BASE + datetime.timedelta(days=2, minutes=n))] for n, name in enumerate(NAMES)}
     for name, rows in streams.items():
-        write_batches(tmp_path / "one" / name, columns(name), [rows, ending[name]])
-    write_in_batches(tmp_path / "random", streams, rng)
-    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
-
-    def restarted(name: str) -> dict[tuple, list[int]]:  # type: ignore[type-arg]
-        put_back = hold_back_second_half(tmp_path / "random", list(NAMES))
-        _, first = run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}")
-        put_back()
-        return run_by_batch(outer_query(spark, tmp_path / "random", how, ways), tmp_path / f"ck-{name}", first)[1]
-
-    with temporary_conf(spark, settings):
-        umjoin, whole = run_by_batch(outer_query(spark, tmp_path / "one", how, ways), tmp_path / "ck-one")
-        on = restarted("on")
-        with temporary_conf(spark, {"spark.umjoin.minInputs": "4"}):
-            off = restarted("off")
+        write_batches(tmp_path / name, columns(name), [rows, ending[name]])
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        umjoin, whole = run_by_batch(outer_query(spark, tmp_path, how, ways), tmp_path / "ck")
 
     plan = executed_plan(umjoin)
     assert "StreamingUMJoin inputs=" in plan and "StreamingSymmetricHashJoin" not in plan, plan
-    # Every padded row once, when the watermark ends its window: none while the first micro-batch sets no watermark.
+    # Every padded row when the watermark ends its window: none while the first micro-batch sets no watermark.
     # The rows of the last micro-batch (key 9) wait for a later one.
     assert sorted((row for row, batches in whole.items() for _ in batches if 9 not in row), key=nulls_first) \
         == outer_nested_loop(streams, how, ways)
-    padded = [row for row in whole if None in row]
-    assert all(len(whole[row]) == 1 and whole[row][0] > 0 for row in padded) and (padded or how == "left_semi")
-    assert on == off and on  # (each row put out in the same micro-batch)
+    # Padded: a side's event time NULL (never NULL in the data, unlike its keys and prices).
+    padded = [row for row in whole if row[2] is None or row[-1] is None]
+    # (as many times as the nested loop has them, above: each copy after the first micro-batch)
+    assert all(batch > 0 for row in padded for batch in whole[row]) and (padded or how == "left_semi")
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowCase:
+    """A random case of the window joins: `how` the query's join (inner: `band_query`, `keyed` or not; else
+    `outer_query` of `ways` streams), its streams' rows, and how it runs."""
+    how: str
+    ways: int
+    keyed: bool
+    provider: str
+    restart: bool
+    streams: dict[str, list[tuple]]  # type: ignore[type-arg]
+
+    def query(self, spark: SparkSession, directory: Path, for_spark: bool) -> DataFrame:
+        if self.how == "inner":
+            return band_query(spark, directory, self.keyed, for_spark=for_spark)
+        return outer_query(spark, directory, self.how, self.ways, for_spark)
+
+    def compared(self) -> list[tuple[str, str, str, list[int]]]:
+        """Per join and side: its type, the side, a stream there and the columns of it the join compares (prices;
+        a's and c's keys too in a keyed band join)."""
+        first = [("inner" if self.ways == 3 else self.how, "left", "a", [1]), ("inner" if self.ways == 3 else self.how, "right", "b", [1])]
+        if self.ways == 2:
+            return first
+        keys = [0, 1] if self.keyed and self.how == "inner" else [1]
+        return [*first, (self.how, "left", "a", keys), (self.how, "left", "b", [1]), (self.how, "right", "c", keys)]
+
+
+def extreme(seed: int) -> bool:
+    """Whether a random window join's streams are users' data at its edges: each has every key and price NULL, or
+    no row, in turn (few rows, in few micro-batches: such a case is cheap)."""
+    return random.Random(700 + seed).random() < 0.4
+
+
+def window_case(seed: int) -> WindowCase:
+    rng = random.Random(seed)
+    how = rng.choice(["inner", "inner", "left", "right", "left_semi"])
+    ways = 3 if how == "inner" else rng.choice([2, 3])
+    extremes: dict[str, str] = {}
+    if extreme(seed):
+        edges = [stream_data.ALL_NULL, stream_data.NO_ROWS]
+        first = rng.randrange(2)
+        extremes = {name: edges[(first + i) % 2] for i, name in enumerate(NAMES[:ways])}
+    return WindowCase(how, ways, rng.random() < 0.5, rng.choice(["hdfs", "rocksdb"]), rng.random() < 0.4,
+                      random_rows(rng, NAMES[:ways], users_data=True, extremes=extremes))
+
+
+def window_streams(seed: int) -> dict[str, Batches]:
+    """The case's rows in the micro-batches `in_batches` cuts (in at most 2 in an `extreme` case)."""
+    return in_batches(window_case(seed).streams, random.Random(1000 + seed), 1 if extreme(seed) else 4)
+
+
+def window_coverage(seeds: tuple[int, ...]) -> dict[tuple[str, str], set[str]]:
+    """Per join type and side, what the seeds' streams there hold (stream_data.features over the compared columns)."""
+    covered: dict[tuple[str, str], set[str]] = {}
+    for seed in seeds:
+        streams = window_streams(seed)
+        marks = stream_data.watermarks(streams, 2, {name: DELAY_MS for name in streams}, stream_data.policy_for(streams))
+        for how, side, name, compared in window_case(seed).compared():
+            covered.setdefault((how, side), set()).update(stream_data.features(streams[name], compared, 2, marks))
+    return covered
+
+
+# Cases that together hold every feature of users' data on both sides of every join type, five of them not
+# `extreme` of every join type, keyed and not, restarted and not, on either state store (found by a search over seeds).
+WINDOW_SEEDS = (6, 17, 73, 98, 103, 104, 132, 174, 252, 262, 293)
+
+
+def test_the_random_window_joins_hold_users_data_on_both_sides_of_every_join_type() -> None:
+    cases = [window_case(seed) for seed in WINDOW_SEEDS if not extreme(seed)]
+    assert {c.how for c in cases} == {"inner", "left", "right", "left_semi"} and {c.keyed for c in cases if c.how == "inner"} == {True, False}
+    assert {c.restart for c in cases} == {True, False} and {c.provider for c in cases} == {"hdfs", "rocksdb"}
+    wanted = {(how, side): stream_data.FEATURES for how in ("inner", "left", "right", "left_semi") for side in ("left", "right")}
+    lacking = stream_data.missing(window_coverage(WINDOW_SEEDS), wanted)
+    assert not lacking, lacking
+
+
+@pytest.mark.parametrize("seed", WINDOW_SEEDS)
+def test_random_window_joins_put_out_what_sparks_joins_put_out_micro_batch_by_micro_batch(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    """Band joins of three streams (keyed or not) and outer and semi joins of two or three, over users' data (NULL
+    keys and prices, all of them in some streams, streams without rows, late rows, rows at the watermark, empty
+    micro-batches), random micro-batches, a restart from the checkpoint halfway or none, HDFS or RocksDB state.
+    The reference is Spark's own joins of the same rows (UMJoin off, each join with an equality that always
+    holds: `constant_key`), micro-batch by micro-batch. (The nested loops are the fixed tests' references.)"""
+    case = window_case(seed)
+    streams = window_streams(seed)
+    for name, batches in streams.items():
+        write_batches(tmp_path / name, columns(name), batches)
+    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if case.provider == "rocksdb" else {}), **stream_data.policy_settings(streams)}
+
+    def run(name: str, for_spark: bool) -> tuple:  # type: ignore[type-arg]
+        if not case.restart:
+            return run_by_batch(case.query(spark, tmp_path, for_spark), tmp_path / f"ck-{name}")
+        put_back = hold_back_second_half(tmp_path, list(streams))
+        _, first = run_by_batch(case.query(spark, tmp_path, for_spark), tmp_path / f"ck-{name}")
+        put_back()
+        return run_by_batch(case.query(spark, tmp_path, for_spark), tmp_path / f"ck-{name}", first)
+
+    with temporary_conf(spark, settings):
+        umjoin, on = run("on", False)
+        with temporary_conf(spark, SPARK_JOINS):
+            spark_joins, off = run("off", True)
+
+    plan = executed_plan(umjoin)
+    assert plan.count("StreamingUMJoin inputs=") == 1 and "StreamingSymmetricHashJoin" not in plan, plan
+    spark_plan = executed_plan(spark_joins)
+    assert spark_plan.count("StreamingSymmetricHashJoin") == case.ways - 1 and "StreamingUMJoin" not in spark_plan, spark_plan
+    assert on == off  # the same rows, each put out in the same micro-batch
 
 
 def test_a_join_without_an_equality_or_a_time_bound_is_refused_with_what_is_missing(spark: SparkSession, tmp_path: Path) -> None:
