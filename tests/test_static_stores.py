@@ -5,6 +5,7 @@ join and against the join computed here row by row, phase by phase, with the tab
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -19,6 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 from umjoin import plans
 from umjoin.local import temporary_conf
 
+import stream_data
 from test_streaming import ROCKSDB, executed_plan, nulls_first, sorted_rows, stream, write_batches
 
 X_COLUMNS = "x_k BIGINT, x_v BIGINT"
@@ -52,11 +54,28 @@ def random_table(rng: random.Random) -> list[tuple[int | None, int]]:
     return rows + [(None, rng.randrange(1000)) for _ in range(2)]
 
 
-def phase_data(rng: random.Random) -> tuple[list[Row], list[Row]]:
-    """One phase's stream rows; y's keys into t are skewed towards 0 and 1 (hot keys), some are NULL."""
-    xs = [(rng.choice([None, *range(6)]), rng.randrange(1000)) for _ in range(12)]
-    ys = [(rng.randrange(6), rng.choice([None, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7])) for _ in range(12)]
+def phase_data(rng: random.Random, extra: str | None = None) -> tuple[list[Row], list[Row]]:
+    """One phase's stream rows; y's keys into t are skewed towards 0 and 1 (hot keys), some are NULL, and so
+    are some of x's keys. `extra` (PHASE_EXTRAS): every x key NULL, or no y row (an empty micro-batch)."""
+    xs = [(None if extra == X_ALL_NULL else rng.choice([None, *range(6)]), rng.randrange(1000)) for _ in range(12)]
+    ys = [(rng.randrange(6), rng.choice([None, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7])) for _ in range(0 if extra == Y_EMPTY else 12)]
     return xs, ys
+
+
+X_ALL_NULL, Y_EMPTY = "every x key NULL", "no y row"
+#: The five phases of test_a_stored_table_gives_spark_answers_across_its_changes: besides NULL and duplicate keys in
+#: every phase, x's keys all NULL in one and y without a row in another (not in phases 3 and 4: the cache learns
+#: there, then serves). The first table's keys are all NULL (only its padding row), the rewrite's some.
+PHASE_EXTRAS: dict[int, str] = {1: X_ALL_NULL, 2: Y_EMPTY}
+
+
+def changing_table_case(seed: int = 14) -> tuple[list[list[tuple[int | None, int]]], list[tuple[list[Row], list[Row], list[Row]]]]:
+    """The table in each of the five phases (rewritten before phase 1, the same rows touched before phase 2) and each
+    phase's stream rows with the table's rows then."""
+    rng = random.Random(seed)
+    first, rewritten = [(None, rng.randrange(1000)) for _ in range(3)], random_table(rng)
+    tables = [first, rewritten, rewritten, rewritten, rewritten]
+    return tables, [(*phase_data(rng, PHASE_EXTRAS.get(p)), table_rows(tables[p])) for p in range(5)]
 
 
 def expected_join(phases: list[tuple[list[Row], list[Row], list[Row]]]) -> list[Row]:
@@ -73,14 +92,18 @@ def expected_join(phases: list[tuple[list[Row], list[Row], list[Row]]]) -> list[
     return sorted(out, key=nulls_first)
 
 
-def process_all(query: StreamingQuery, rows: int) -> None:
-    """Waits until the query has read `rows` input rows in all: processAllAvailable alone may return while a
-    file written just before is not listed yet (then the table would change before its batch)."""
+def process_all(query: StreamingQuery, files: int) -> None:
+    """Waits until the query has read the first `files` files of each stream: processAllAvailable alone may return
+    while a file written just before is not listed yet (then the table would change before its batch). Files, not
+    rows: a file whose join keys are all NULL reads as no row (Spark's pushed IS NOT NULL skips its row groups)."""
+    def read() -> list[int]:
+        ends = [source["endOffset"] for p in query.recentProgress[-1:] for source in p["sources"]]
+        return [int(json.loads(end)["logOffset"]) if isinstance(end, str) else -1 if end is None else int(end["logOffset"]) for end in ends]
     deadline = time.time() + 60
-    while sum(p["numInputRows"] for p in query.recentProgress) < rows and time.time() < deadline:
+    while not (read() and all(end == files - 1 for end in read())) and time.time() < deadline:
         query.processAllAvailable()
         time.sleep(0.1)
-    assert sum(p["numInputRows"] for p in query.recentProgress) == rows
+    assert read() and all(end == files - 1 for end in read()), (read(), files)
 
 
 def join(x: DataFrame, y: DataFrame, t: DataFrame) -> DataFrame:
@@ -97,7 +120,22 @@ def static_input(plan: str) -> tuple[str, str]:
     return found
 
 
-SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "3"}
+SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "2"}
+
+
+def test_the_changing_tables_phases_hold_users_data_on_every_side_of_both_joins() -> None:
+    """x JOIN y ON x_k = y_k (stream-stream) JOIN t ON y_j = t_j (stream-static, t stored): per join and side, what
+    the phases hold there (stream_data.features: each stream's phases are its micro-batches; t's rows over its versions)."""
+    tables, phases = changing_table_case()
+    xs, ys = [list(phase[0]) for phase in phases], [list(phase[1]) for phase in phases]
+    covered = {("x-y", "x"): stream_data.features(xs, [0]), ("x-y", "y"): stream_data.features(ys, [0]),
+               ("y-t", "y"): stream_data.features(ys, [1]),
+               ("y-t", "t"): set().union(*(stream_data.features([[row for row in table_rows(t) if row[2] is None]], [0]) for t in tables))}
+    wanted = {("x-y", "x"): [stream_data.NULL_KEYS, stream_data.DUPLICATE_KEYS], ("x-y", "y"): [stream_data.DUPLICATE_KEYS, stream_data.EMPTY_BATCH],
+              ("y-t", "y"): [stream_data.NULL_KEYS, stream_data.DUPLICATE_KEYS, stream_data.EMPTY_BATCH],
+              ("y-t", "t"): [stream_data.NULL_KEYS, stream_data.ALL_NULL, stream_data.DUPLICATE_KEYS]}
+    assert not stream_data.missing(covered, wanted), stream_data.missing(covered, wanted)
+    assert all(x[0] is None for x in xs[1]) and xs[1]  # every x key NULL in one micro-batch (stream_data.ALL_NULL holds over a whole stream)
 
 
 @pytest.mark.parametrize(("mode", "provider"), [
@@ -108,15 +146,9 @@ def test_a_stored_table_gives_spark_answers_across_its_changes(spark: SparkSessi
     UMJoin with each cache mode give the join of each phase's rows with t as it was then; UMJoin loads t into
     its stores three times (start, rewrite, touch) and probes the stores otherwise. RocksDB stores commit with
     changelog checkpointing unless the session turns it off ('rocksdb-snapshots'): then the rows are in SST files."""
-    rng = random.Random(14)
+    tables, phases = changing_table_case()
     (tmp_path / "t").mkdir()
     t_file = tmp_path / "t" / "t.csv"
-    first, rewritten = random_table(rng), random_table(rng)
-    tables = [first, rewritten, rewritten, rewritten, rewritten]
-    phases = []
-    for p in range(5):
-        xs, ys = phase_data(rng)
-        phases.append((xs, ys, table_rows(tables[p])))
     view = f"stored_{mode}_{provider}".replace("-", "_")
     settings = {**SETTINGS, **(ROCKSDB if provider.startswith("rocksdb") else {})}
     if provider == "rocksdb-snapshots":
@@ -130,15 +162,13 @@ def test_a_stored_table_gives_spark_answers_across_its_changes(spark: SparkSessi
         frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
         query = frame.writeStream.format("memory").queryName(view).option("checkpointLocation", str(tmp_path / "ck")).start()
         try:
-            written = len(phases[0][0]) + len(phases[0][1])
-            process_all(query, written)
+            process_all(query, 1)
             for p in range(1, 5):
                 if p < 3:  # a rewrite with other rows, then the same rows touched
                     write_table(t_file, tables[p], 2_000_000 + p)
                 write_batches(tmp_path / "x", X_COLUMNS, [phases[p][0]])
                 write_batches(tmp_path / "y", Y_COLUMNS, [phases[p][1]])
-                written += len(phases[p][0]) + len(phases[p][1])
-                process_all(query, written)
+                process_all(query, p + 1)
             plan = executed_plan(query)
         finally:
             query.stop()
@@ -325,7 +355,7 @@ def test_one_stream_with_tables_small_enough_to_broadcast_stays_adaptive_and_say
     write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
     rows_in = [(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)]
     write_batches(tmp_path / "x", X_COLUMNS, [rows_in])
-    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "3"}):
+    with temporary_conf(spark, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "2"}):
         t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
         u = spark.read.parquet(str(tmp_path / "u"))
         x = stream(spark, tmp_path / "x", X_COLUMNS)
