@@ -59,4 +59,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--event-time-seeds", default="14", help="cases of the randomised event-time streaming suite (test_streaming_event_time.py)")
+    parser.addoption("--event-time-seeds", default="15", help="cases of the randomised event-time streaming suite (test_streaming_event_time.py)")

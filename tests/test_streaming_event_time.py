@@ -2,8 +2,11 @@
 micro-batch: random join trees of 3-6 event-time streams (each with its own watermark delay),
 equi-joins with and without time ranges (both directions, strict and non-strict bounds), event-time
 columns kept, renamed, dropped or stripped of their watermark with ``withMetadata`` between joins,
-computed columns, static tables, an outer or semi join on top; late, duplicate and NULL-keyed rows
-and files out of event-time order, cut into random micro-batches. Every case must give the rows
+computed columns, static tables, an outer or semi join on top; files out of event-time order, cut into
+micro-batches, holding users' data on every side of every join type (stream_data: NULL keys, every
+key NULL, no row, duplicates, empty micro-batches, late rows, rows exactly at the watermark, which
+each case checks against Spark's progress; the coverage test asserts each per join type and side).
+Every case must give the rows
 Spark's joins give (UMJoin off) in the same micro-batches, and either run as one StreamingUMJoin or
 stay as Spark planned it with the expected reason. ``--event-time-seeds N`` runs N cases instead
 of the default.
@@ -30,6 +33,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
 from test_streaming import ROCKSDB, by_batch, executed_plan, run_by_batch, start_by_batch, stream, write_batches
+import stream_data
 from umjoin import plans
 from umjoin.local import temporary_conf
 
@@ -67,27 +71,69 @@ class Case:
     nondeterministic: bool  # a projection between two joins computes a non-deterministic column
     rng_state: int = 0
     shape: list[str] = field(default_factory=list)
+    #: Per join the query has (filled by `query`): its type, and per side ("left"/"right") the input and key column it compares.
+    joins: list[tuple[str, tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+
+    def counted(self) -> dict[str, list[list[tuple[Any, ...]]]]:
+        """The streams as Spark's watermarks see them: every stream is compared on a key by an inner or semi join or as
+        an outer join's padded side (the query's shapes), so Spark's IS NOT NULL on that key, pushed below the watermark,
+        drops a stream whose keys are all NULL: its watermark never moves, as a stream without rows. (Every other
+        stream's latest row of each micro-batch has both keys, so the filters never move its watermark.)"""
+        return {s: [[] for _ in batches] if all_null(batches) else batches for s, batches in self.batches.items() if s in self.streams}
+
+    def marks(self) -> list[int]:
+        """The watermark of each micro-batch (stream_data.watermarks over `counted`)."""
+        counted = self.counted()
+        return stream_data.watermarks(counted, 2, {s: self.delays[s] * 60_000 for s in counted}, stream_data.policy_for(counted))
 
 
 def columns(name: str) -> str:
     return f"{name}_k0 BIGINT, {name}_k1 BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
 
 
+def all_null(batches: list[list[tuple[Any, ...]]]) -> bool:
+    rows = [row for batch in batches for row in batch]
+    return bool(rows) and all(row[0] is None and row[1] is None for row in rows)
+
+
+ALL_NULL, NO_ROWS = stream_data.ALL_NULL, stream_data.NO_ROWS
+#: The cases whose first stream (compared by the top join and by the static table) or last stream (the top join's
+#: right side) has every key NULL or no row: by seed, found by a search over assignments so that, with the other
+#: cases, every join type's sides get each feature (test_the_generator_covers_what_the_suite_promises).
+EXTREME_STREAMS = {0: (None, ALL_NULL), 1: (ALL_NULL, None), 2: (NO_ROWS, ALL_NULL), 3: (None, NO_ROWS), 7: (None, NO_ROWS),
+                   10: (NO_ROWS, ALL_NULL), 14: (ALL_NULL, NO_ROWS)}
+
+
 def random_case(seed: int) -> Case:
-    rng = random.Random(seed)
+    """The case's shape (streams, static table, delays, top join, bushiness) from one generator and its rows from
+    another, so that what the rows hold does not move the shapes the coverage test asks for. Each stream draws a
+    share of NULL keys (none, some or many; now and then all of them, or no row at all), duplicates, late rows, rows
+    moved to a later micro-batch, empty micro-batches, and a copy of one of its rows exactly at a watermark."""
+    shape = random.Random(seed)
+    rng = random.Random(f"event-time rows {seed}")
     n = 3 + seed % 4
     streams = [chr(ord("a") + i) for i in range(n)]
+    top = ["inner", "left_outer", "left_semi"][seed % 3]
+    static = "s" if seed % 4 in (1, 2) else None
+    delays = {s: shape.choice([0, 5, 10, 20]) for s in streams}
+    bushy, rng_state = seed % 5 in (0, 2, 4), shape.randrange(1 << 30)
+    extremes = dict(zip((streams[0], streams[-1]), EXTREME_STREAMS.get(seed, (None, None))))
     micro_batches = rng.randint(3, 4)
     batches: dict[str, list[list[tuple[Any, ...]]]] = {}
     for s in streams:
-        rows: list[tuple[int, tuple[Any, ...]]] = []
+        rng = random.Random(f"event-time rows {seed} {s}")  # (a stream's rows do not move when another's are extreme)
+        if extremes.get(s) == stream_data.NO_ROWS:
+            batches[s] = [[] for _ in range(micro_batches)]
+            continue
+        share = 1.0 if extremes.get(s) == stream_data.ALL_NULL else rng.choice([0.0, 0.05, 0.1, 0.3])
         domain = rng.randint(2, 4)
+        key = stream_data.key_drawer(rng, domain, share)
+        rows: list[tuple[int, tuple[Any, ...]]] = []
         for b in range(micro_batches):
             for _ in range(rng.randint(0, 7)):
                 at = BASE + datetime.timedelta(minutes=10 * b + rng.randint(0, 14), seconds=rng.choice([0, 0, 30]))
-                if b > 1 and rng.random() < 0.1:  # a late row
+                if b > 1 and rng.random() < 0.2:  # a late row
                     at -= datetime.timedelta(minutes=rng.randint(30, 90))
-                key = lambda: None if rng.random() < 0.05 else rng.randrange(domain)  # noqa: E731
                 rows.append((b, (key(), key(), at, rng.randrange(100))))
             if rows and rng.random() < 0.15:  # a duplicate of an earlier row
                 rows.append((b, rng.choice(rows)[1]))
@@ -95,13 +141,17 @@ def random_case(seed: int) -> Case:
         cut = [[row for bb, row in rows if min(micro_batches - 1, bb + (1 if rng.random() < 0.15 else 0)) == b] for b in range(micro_batches)]
         for part in cut:
             rng.shuffle(part)
+            if part and share < 1:  # the latest row has both keys (see Case.counted)
+                i = max(range(len(part)), key=lambda r: part[r][2])
+                part[i] = (rng.randrange(domain), rng.randrange(domain), *part[i][2:])
         batches[s] = [[] for _ in range(rng.randint(0, 1))] + cut
-    static = "s" if rng.random() < 0.3 else None
+    case = Case(seed, streams, static, delays, batches, top=top, bushy=bushy, nondeterministic=seed % 13 == 12, rng_state=rng_state)
+    counted = case.counted()
+    stream_data.put_at_watermarks(rng, counted, 2, {s: delays[s] * 60_000 for s in counted}, policy=stream_data.policy_for(counted))
     if static:
-        batches[static] = [[(rng.randrange(3), rng.randrange(3), BASE, rng.randrange(100)) for _ in range(rng.randint(2, 5))]]
-    return Case(seed, streams, static, {s: rng.choice([0, 5, 10, 20]) for s in streams}, batches,
-                top=rng.choice(["inner", "inner", "left_outer", "left_semi"]), bushy=rng.random() < 0.3,
-                nondeterministic=seed % 13 == 12, rng_state=rng.randrange(1 << 30))
+        table_key = stream_data.key_drawer(rng, 3, rng.choice([0.0, 0.2, 1.0]))
+        batches[static] = [[(table_key(), table_key(), BASE, rng.randrange(100)) for _ in range(rng.choice([0, 2, 3, 5]))]]
+    return case
 
 
 def minutes(m: int) -> Any:
@@ -112,15 +162,18 @@ def query(spark: SparkSession, case: Case, directory: Path) -> DataFrame:
     """The case's join tree as a user writes it for Spark: one event-time column per join side."""
     rng = random.Random(case.rng_state)
     case.shape.clear()
+    case.joins.clear()
 
     def leaf(s: str) -> Side:
         frame = stream(spark, directory / s, columns(s)).withColumn(f"{s}_at", F.col(f"{s}_ts"))
         return Side(frame.withWatermark(f"{s}_ts", f"{case.delays[s]} minutes"), [s], f"{s}_ts", {s: f"{s}_k0"})
 
-    def key_condition(left: Side, right: Side, inputs: tuple[str, str] | None = None) -> Any:
+    def key_condition(left: Side, right: Side, how: str, inputs: tuple[str, str] | None) -> Any:
         a, b = inputs or (rng.choice(left.inputs), rng.choice(right.inputs))
         if rng.random() < 0.5:
+            case.joins.append((how, (a, 0), (b, 0)))
             return F.col(left.keys[a]) == F.col(right.keys[b])
+        case.joins.append((how, (a, 1), (b, 1)))
         return F.col(f"{a}_k1") == F.col(f"{b}_k1")
 
     def time_range(left: Side, right: Side) -> Any:
@@ -163,8 +216,8 @@ def query(spark: SparkSession, case: Case, directory: Path) -> DataFrame:
             case.shape.append("rename-key")
         return Side(frame, side.inputs, time, keys)
 
-    def join(left: Side, right: Side, how: str = "inner") -> Side:
-        condition = key_condition(left, right)
+    def join(left: Side, right: Side, how: str = "inner", inputs: tuple[str, str] | None = None) -> Side:
+        condition = key_condition(left, right, how, inputs)
         bounded = left.time is not None and right.time is not None and (how != "inner" or rng.random() < 0.65)
         if bounded:
             condition = condition & time_range(left, right)
@@ -194,13 +247,15 @@ def query(spark: SparkSession, case: Case, directory: Path) -> DataFrame:
     tree = sides[0]
     if case.static is not None:
         table = spark.read.parquet(str(directory / case.static))
-        tree = Side(tree.frame.join(table, F.col(f"{rng.choice(tree.inputs)}_k1") == F.col("s_k1")), tree.inputs, tree.time, tree.keys)
+        probing = case.streams[0]
+        case.joins.append(("static", (probing, 1), (case.static, 1)))
+        tree = Side(tree.frame.join(table, F.col(f"{probing}_k1") == F.col("s_k1")), tree.inputs, tree.time, tree.keys)
         case.shape.append("static")
     if last is not None:
         # Spark's outer and semi joins need an event time on both sides: without one on the left, an inner join.
         top = case.top if tree.time is not None else "inner"
         case.shape.append(top)
-        tree = join(tree, last, top)
+        tree = join(tree, last, top, (case.streams[0], last.inputs[0]))
     return tree.frame
 
 
@@ -243,7 +298,7 @@ def spark_refusal(spark: SparkSession, tmp_path: Path, case: Case, settings: dic
 def test_random_event_time_joins_give_sparks_rows_micro_batch_by_micro_batch(
         spark: SparkSession, tmp_path: Path, event_time_seed: int, state_report: list[str]) -> None:
     case = random_case(event_time_seed)
-    settings = {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if event_time_seed % 2 else {})}
+    settings = {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if event_time_seed % 2 else {}), **stream_data.policy_settings(case.counted())}
     try:
         umjoin, on, spark_joins, off, plan = run_case(spark, tmp_path, case, settings)
     except StreamingQueryException as failure:
@@ -255,6 +310,7 @@ def test_random_event_time_joins_give_sparks_rows_micro_batch_by_micro_batch(
         return
     described = (case.streams, case.static, case.delays, case.top, case.shape)
     assert on == off, (described, len(on), len(off), Counter(b for bs in on.values() for b in bs), Counter(b for bs in off.values() for b in bs))
+    stream_data.assert_watermarks(spark_joins, case.marks())  # (the rows put at watermarks are at Spark's)
     reasons = plans.unconverted_streaming_joins(spark, umjoin)
     # (A semi or outer join Spark's optimizer pushed below the inner joins runs in the StreamingUMJoin all the same.)
     if "rand" in case.shape:
@@ -283,6 +339,32 @@ def test_the_generator_covers_what_the_suite_promises(spark: SparkSession, tmp_p
     assert len({d for c in cases for d in c.delays.values()}) >= 3
     for shape in ("range", "unbounded", "drop", "withMetadata", "rename", "strip-all", "computed", "rename-key", "rand", "static"):
         assert shapes[shape] >= 1, (shape, shapes)
+    lacking = stream_data.missing(coverage(cases), {
+        **{(how, side): stream_data.FEATURES for how, sides in JOIN_SIDES.items() if how != "static" for side in sides},
+        ("static", "stream"): stream_data.FEATURES, ("static", "table"): stream_data.TABLE_FEATURES})
+    assert not lacking, lacking
+
+
+#: Each join type's two sides, in the order `Case.joins` records them.
+JOIN_SIDES = {"inner": ("left", "right"), "left_outer": ("preserved", "padded"), "left_semi": ("preserved", "subquery"),
+              "static": ("stream", "table")}
+
+
+def coverage(cases: list[Case]) -> dict[tuple[str, str], set[str]]:
+    """Per join type and side, what the cases' inputs there hold (stream_data.features over the key column the join
+    compares; late rows and rows at a watermark counted only among rows with both keys, which every join sees)."""
+    covered: dict[tuple[str, str], set[str]] = {}
+    for case in cases:
+        marks = case.marks()
+        for how, *compared in case.joins:
+            for side, (name, column) in zip(JOIN_SIDES[how], compared):
+                batches = case.batches[name]
+                found = stream_data.features(batches, [column])
+                if name != case.static:
+                    keyed = [[row for row in batch if row[0] is not None and row[1] is not None] for batch in batches]
+                    found |= stream_data.features(keyed, [column], 2, marks) & {stream_data.LATE, stream_data.AT_WATERMARK}
+                covered.setdefault((how, side), set()).update(found)
+    return covered
 
 
 @pytest.mark.parametrize("profile", ["unbounded", "bounded"])
