@@ -184,7 +184,7 @@ def test_random_micro_batches_give_the_batch_join(spark: SparkSession, tmp_path:
             joined = joined.where((F.col(f"{names[0]}_j") == F.col(f"{names[1]}_j")) & (F.col(f"{names[-1]}_v") > F.col(f"{names[0]}_v") - 60))
         return joined
 
-    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if seed % 2 else {})}
+    settings = {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if seed % 2 else {})}
     with temporary_conf(spark, settings):
         on, running = run_to_end(query(lambda n: stream(spark, tmp_path / n, schema(n))), f"umjoin_on_{seed}", tmp_path / "ck-on")
         plan = executed_plan(running)

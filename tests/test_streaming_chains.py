@@ -143,7 +143,7 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
         put_back()
         return run_by_batch(query(), checkpoint, first)
 
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **settings}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **settings}):
         umjoin, on = run(tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             _, off = run(tmp_path / "ck-off")
@@ -284,7 +284,7 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
     rng = random.Random(10)
     sides = [("left", "k")] * 9
     random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 10))], rng, minutes=40, most_cuts=2)
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **ROCKSDB}):
         before = compiled_classes(spark)
         umjoin, on = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-on")
         compiled = compiled_classes(spark) - before
@@ -344,7 +344,7 @@ def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_comp
         return chain_query(spark, tmp_path, [("left", "k"), ("left", "k")], False)
 
     compiled_after: list[int] = []
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **ROCKSDB}):
         umjoin, emitted = start_by_batch(query(), tmp_path / "ck-on", after_batch=lambda _: compiled_after.append(compiled_classes(spark)))
         umjoin.awaitTermination()
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
@@ -576,7 +576,7 @@ def test_a_left_anti_join_of_two_streams_runs_as_the_left_outer_join_keeping_its
     the micro-batch they came in filters by) puts out comes out: none is lost by the rewrite both runs share."""
     streams = draw_streams(["x", "y", "z"], random.Random(seed), minutes=30, most_cuts=4)
     write_streams(tmp_path, streams)
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on")
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off")

@@ -93,7 +93,7 @@ def umjoin_operator(query: StreamingQuery) -> dict:  # type: ignore[type-arg]
 def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins(
         spark: SparkSession, tmp_path: Path, seed: int, how: str, provider: str) -> None:
     random_streams(tmp_path, seed)
-    settings = {"spark.sql.shuffle.partitions": "3", **(ROCKSDB if provider == "rocksdb" else {})}
+    settings = {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if provider == "rocksdb" else {})}
     with temporary_conf(spark, settings):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, how), tmp_path / "ck-on")
         with temporary_conf(spark, SPARK_JOINS):
@@ -128,7 +128,7 @@ def test_an_outer_join_on_top_runs_inside_the_streaming_umjoin_like_sparks_joins
 
 def test_a_semi_join_on_top_puts_each_combination_out_once_at_its_first_match_like_spark(spark: SparkSession, tmp_path: Path) -> None:
     random_streams(tmp_path, 4, minutes=60)
-    settings = {"spark.sql.shuffle.partitions": "3", **ROCKSDB}
+    settings = {"spark.sql.shuffle.partitions": "2", **ROCKSDB}
     with temporary_conf(spark, settings):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi"), tmp_path / "ck-on")
         with temporary_conf(spark, SPARK_JOINS):
@@ -148,7 +148,7 @@ def test_a_semi_join_spark_pushed_below_the_inner_joins_runs_inside_the_streamin
     a combination in the batch of its last row or of its x row's first z match, whichever is later (Spark's
     semi join puts x out then), and not where the joins above drop that x row as late."""
     random_streams(tmp_path, 8, minutes=60)
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         umjoin, on = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-on")
         with temporary_conf(spark, SPARK_JOINS):
             spark_joins, off = run_by_batch(outer_query(spark, tmp_path, "semi pushed down"), tmp_path / "ck-off")
@@ -172,7 +172,7 @@ def test_an_outer_join_restarted_mid_stream_writes_every_row_once(spark: SparkSe
         return (outer_query(spark, data, "left").writeStream.format("parquet").option("path", str(tmp_path / "out"))
                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(**trigger).start())
 
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", **ROCKSDB}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **ROCKSDB}):
         running = start({"processingTime": "100 milliseconds"})
         running.processAllAvailable()
         running.stop()
@@ -205,7 +205,7 @@ def test_an_outer_join_whose_non_preserved_side_is_a_join_takes_that_join_as_one
         right = f["y"].join(f["z"], (F.col("y_j") == F.col("z_j")) & near(F.col("z_ts"), F.col("y_ts"))).drop("z_ts")
         return left.join(right, (F.col("w_k") == F.col("y_k")) & near(F.col("y_ts"), F.col("w_ts")), "left_outer")
 
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3", "spark.umjoin.minInputs": "3"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", "spark.umjoin.minInputs": "3"}):
         running, on = run_by_batch(query(), tmp_path / "ck-on")
         with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(query(), tmp_path / "ck-off")
@@ -235,7 +235,7 @@ def test_a_full_outer_join_above_a_streaming_umjoin_reads_its_rows_partitioned_b
                  .join(f["w"], on_key("x", "w") & near("w_ts", "x_ts")).drop("w_ts"))
         return inner.join(f["z"], on_key("w", "z") & near("z_ts", "x_ts"), "full_outer")
 
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         umjoin, on = run_by_batch(query(), tmp_path / "ck-on")
         with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(query(), tmp_path / "ck-off")

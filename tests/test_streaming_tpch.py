@@ -24,7 +24,7 @@ MICRO_BATCHES = 3
 def streaming(spark: SparkSession, tpch_data: Path) -> Iterator[SparkSession]:
     """A session of its own (its own temporary views) where every TPC-H table is a file stream."""
     session = spark.newSession()
-    session.conf.set("spark.sql.shuffle.partitions", "3")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
     streams.read_streams(session, streams.tpch_streams(TPCH_SF, MICRO_BATCHES), tpch.TABLES, tpch_data)
     yield session
 
