@@ -136,7 +136,7 @@ def features(batches: Batches, keys: Iterable[int], time: int | None = None, mar
         found.add(EMPTY_BATCH)
     if any(row[k] is None for row in rows for k in keys):
         found.add(NULL_KEYS)
-    if rows and all(row[k] is None for row in rows for k in keys):
+    if all_null(batches, keys):
         found.add(ALL_NULL)
     for k in keys:
         values = [row[k] for row in rows if row[k] is not None]
@@ -152,6 +152,12 @@ def features(batches: Batches, keys: Iterable[int], time: int | None = None, mar
                 if ms in (late, evicting) and ms > 0:
                     found.add(AT_WATERMARK)
     return found
+
+
+def all_null(batches: Batches, keys: Iterable[int]) -> bool:
+    """Whether a stream has rows and every one of them is NULL in each of its key columns `keys`."""
+    rows = [row for batch in batches for row in batch]
+    return bool(rows) and all(row[k] is None for row in rows for k in keys)
 
 
 def assert_watermarks(query: StreamingQuery, marks: Sequence[int]) -> None:

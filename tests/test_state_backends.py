@@ -182,7 +182,7 @@ def test_a_jvm_closes_its_streaming_stores_before_it_exits(tpch_data: Path, tmp_
         from pathlib import Path
         from umjoin import streams, tpch
         from umjoin.local import local_builder
-        spark = (local_builder("umjoin-exit").config("spark.sql.streaming.stateStore.providerClass",
+        spark = (local_builder("umjoin-exit", shuffle_partitions=2).config("spark.sql.streaming.stateStore.providerClass",
                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         jvm = spark._jvm

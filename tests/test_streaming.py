@@ -640,7 +640,7 @@ def time_bounded_join(spark: SparkSession, tmp_path: Path, keys: str) -> DataFra
 @pytest.mark.parametrize(("provider", "keys"), [("hdfs", "shared"), ("rocksdb", "chain")])
 def test_watermarks_shrink_state_and_drop_late_rows_like_spark(spark: SparkSession, tmp_path: Path, provider: str, keys: str) -> None:
     event_time_data(tmp_path)
-    with temporary_conf(spark, ROCKSDB if provider == "rocksdb" else {}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if provider == "rocksdb" else {})}):
         on, umjoin = run_to_end(time_bounded_join(spark, tmp_path, keys), f"wm_on_{provider}_{keys}", tmp_path / "ck-on")
         # (Spark's joins with the same store and its default state format: the state compared below)
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
@@ -676,9 +676,10 @@ def test_a_full_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: Sp
                  .join(f["w"], (F.col("x_j") == F.col("w_j")) & near(F.col("w_ts"), F.col("x_ts"))).drop("w_ts"))
         return inner.join(f["z"], (F.col("x_k") == F.col("z_k")) & near(F.col("z_ts"), F.col("x_ts")), "full_outer")
 
-    on, running = run_to_end(query(), "outer_on", tmp_path / "ck-on")
-    with temporary_conf(spark, SPARK_JOINS):
-        off, _ = run_to_end(query(), "outer_off", tmp_path / "ck-off")
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
+        on, running = run_to_end(query(), "outer_on", tmp_path / "ck-on")
+        with temporary_conf(spark, SPARK_JOINS):
+            off, _ = run_to_end(query(), "outer_off", tmp_path / "ck-off")
     plan = executed_plan(running)
     assert plan.count("StreamingUMJoin inputs=") == 1 and plan.count("StreamingSymmetricHashJoin") == 1, plan
     (reason,) = plans.unconverted_streaming_joins(spark, running)

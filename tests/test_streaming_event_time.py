@@ -79,7 +79,7 @@ class Case:
         an outer join's padded side (the query's shapes), so Spark's IS NOT NULL on that key, pushed below the watermark,
         drops a stream whose keys are all NULL: its watermark never moves, as a stream without rows. (Every other
         stream's latest row of each micro-batch has both keys, so the filters never move its watermark.)"""
-        return {s: [[] for _ in batches] if all_null(batches) else batches for s, batches in self.batches.items() if s in self.streams}
+        return {s: [[] for _ in batches] if stream_data.all_null(batches, [0, 1]) else batches for s, batches in self.batches.items() if s in self.streams}
 
     def marks(self) -> list[int]:
         """The watermark of each micro-batch (stream_data.watermarks over `counted`)."""
@@ -91,17 +91,12 @@ def columns(name: str) -> str:
     return f"{name}_k0 BIGINT, {name}_k1 BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT"
 
 
-def all_null(batches: list[list[tuple[Any, ...]]]) -> bool:
-    rows = [row for batch in batches for row in batch]
-    return bool(rows) and all(row[0] is None and row[1] is None for row in rows)
-
-
 ALL_NULL, NO_ROWS = stream_data.ALL_NULL, stream_data.NO_ROWS
 #: The cases whose first stream (compared by the top join and by the static table) or last stream (the top join's
 #: right side) has every key NULL or no row: by seed, found by a search over assignments so that, with the other
 #: cases, every join type's sides get each feature (test_the_generator_covers_what_the_suite_promises).
-EXTREME_STREAMS = {0: (None, ALL_NULL), 1: (ALL_NULL, None), 2: (NO_ROWS, ALL_NULL), 3: (None, NO_ROWS), 7: (None, NO_ROWS),
-                   10: (NO_ROWS, ALL_NULL), 14: (ALL_NULL, NO_ROWS)}
+EXTREME_STREAMS = {0: (None, ALL_NULL), 1: (ALL_NULL, None), 2: (NO_ROWS, ALL_NULL), 3: (None, NO_ROWS), 7: (NO_ROWS, ALL_NULL),
+                   8: (ALL_NULL, None), 10: (None, NO_ROWS), 14: (None, NO_ROWS)}
 
 
 def random_case(seed: int) -> Case:
@@ -121,33 +116,33 @@ def random_case(seed: int) -> Case:
     micro_batches = rng.randint(3, 4)
     batches: dict[str, list[list[tuple[Any, ...]]]] = {}
     for s in streams:
-        rng = random.Random(f"event-time rows {seed} {s}")  # (a stream's rows do not move when another's are extreme)
+        draw = random.Random(f"event-time rows {seed} {s}")  # (a stream's rows do not move when another's are extreme)
         if extremes.get(s) == stream_data.NO_ROWS:
             batches[s] = [[] for _ in range(micro_batches)]
             continue
-        share = 1.0 if extremes.get(s) == stream_data.ALL_NULL else rng.choice([0.0, 0.05, 0.1, 0.3])
-        domain = rng.randint(2, 4)
-        key = stream_data.key_drawer(rng, domain, share)
+        share = 1.0 if extremes.get(s) == stream_data.ALL_NULL else draw.choice([0.0, 0.05, 0.1, 0.3])
+        domain = draw.randint(2, 4)
+        key = stream_data.key_drawer(draw, domain, share)
         rows: list[tuple[int, tuple[Any, ...]]] = []
         for b in range(micro_batches):
-            for _ in range(rng.randint(0, 7)):
-                at = BASE + datetime.timedelta(minutes=10 * b + rng.randint(0, 14), seconds=rng.choice([0, 0, 30]))
-                if b > 1 and rng.random() < 0.2:  # a late row
-                    at -= datetime.timedelta(minutes=rng.randint(30, 90))
-                rows.append((b, (key(), key(), at, rng.randrange(100))))
-            if rows and rng.random() < 0.15:  # a duplicate of an earlier row
-                rows.append((b, rng.choice(rows)[1]))
+            for _ in range(draw.randint(0, 7)):
+                at = BASE + datetime.timedelta(minutes=10 * b + draw.randint(0, 14), seconds=draw.choice([0, 0, 30]))
+                if b > 1 and draw.random() < 0.2:  # a late row
+                    at -= datetime.timedelta(minutes=draw.randint(30, 90))
+                rows.append((b, (key(), key(), at, draw.randrange(100))))
+            if rows and draw.random() < 0.15:  # a duplicate of an earlier row
+                rows.append((b, draw.choice(rows)[1]))
         # Micro-batches out of event-time order: a row moves one batch later now and then.
-        cut = [[row for bb, row in rows if min(micro_batches - 1, bb + (1 if rng.random() < 0.15 else 0)) == b] for b in range(micro_batches)]
+        cut = [[row for bb, row in rows if min(micro_batches - 1, bb + (1 if draw.random() < 0.15 else 0)) == b] for b in range(micro_batches)]
         for part in cut:
-            rng.shuffle(part)
+            draw.shuffle(part)
             if part and share < 1:  # the latest row has both keys (see Case.counted)
                 i = max(range(len(part)), key=lambda r: part[r][2])
-                part[i] = (rng.randrange(domain), rng.randrange(domain), *part[i][2:])
-        batches[s] = [[] for _ in range(rng.randint(0, 1))] + cut
+                part[i] = (draw.randrange(domain), draw.randrange(domain), *part[i][2:])
+        batches[s] = [[] for _ in range(draw.randint(0, 1))] + cut
     case = Case(seed, streams, static, delays, batches, top=top, bushy=bushy, nondeterministic=seed % 13 == 12, rng_state=rng_state)
     counted = case.counted()
-    stream_data.put_at_watermarks(rng, counted, 2, {s: delays[s] * 60_000 for s in counted}, policy=stream_data.policy_for(counted))
+    stream_data.put_at_watermarks(rng, counted, 2, {s: delays[s] * 60_000 for s in counted}, share=1.0, policy=stream_data.policy_for(counted))
     if static:
         table_key = stream_data.key_drawer(rng, 3, rng.choice([0.0, 0.2, 1.0]))
         batches[static] = [[(table_key(), table_key(), BASE, rng.randrange(100)) for _ in range(rng.choice([0, 2, 3, 5]))]]
@@ -374,7 +369,7 @@ def test_the_ad_attribution_example_gives_sparks_rows_in_every_micro_batch_with_
     user id alone (unbounded) or within two hours (bounded). Spark drops the impressions a late profile
     update pairs with at the click join; UMJoin drops the same combinations."""
     ad_attribution.generate(tmp_path / "data", micro_batches=8)
-    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         result = ad_attribution.compare(spark, tmp_path, profile)
     assert result.plan_on.count("StreamingUMJoin inputs=") == 1 and "ads (static, broadcast)" in result.plan_on, result.plan_on
     assert not re.search(r"StreamingSymmetricHashJoin|BroadcastHashJoin|SortMergeJoin", result.plan_on), result.plan_on
