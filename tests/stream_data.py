@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
@@ -158,6 +158,23 @@ def all_null(batches: Batches, keys: Iterable[int]) -> bool:
     """Whether a stream has rows and every one of them is NULL in each of its key columns `keys`."""
     rows = [row for batch in batches for row in batch]
     return bool(rows) and all(row[k] is None for row in rows for k in keys)
+
+
+def key_latest_row(batch: list[Row], time: int, keyed: Callable[[Row], Row]) -> None:
+    """Replaces a micro-batch's latest row (by its event time `time`) with `keyed` of it: the row with its keys, so that
+    no IS NOT NULL Spark pushes below the watermark changes the stream's latest event time (`seen_by_watermarks`)."""
+    if batch:
+        latest = max(range(len(batch)), key=lambda r: batch[r][time])
+        batch[latest] = keyed(batch[latest])
+
+
+def seen_by_watermarks(streams: dict[str, Batches], keys: Iterable[int], preserved: Collection[str] = ()) -> dict[str, Batches]:
+    """The streams as Spark's watermarks see them. Spark infers IS NOT NULL of each column a join compares and pushes it
+    below EventTimeWatermark: a stream whose every key is NULL moves its watermark no more than one without rows, unless
+    no join filters it (`preserved`: an outer join's preserved stream). Holds where every other stream's latest row of
+    each micro-batch has its keys (`key_latest_row`)."""
+    keys = list(keys)
+    return {name: [[] for _ in batches] if name not in preserved and all_null(batches, keys) else batches for name, batches in streams.items()}
 
 
 def assert_watermarks(query: StreamingQuery, marks: Sequence[int]) -> None:

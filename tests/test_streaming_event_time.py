@@ -75,11 +75,9 @@ class Case:
     joins: list[tuple[str, tuple[str, int], tuple[str, int]]] = field(default_factory=list)
 
     def counted(self) -> dict[str, list[list[tuple[Any, ...]]]]:
-        """The streams as Spark's watermarks see them: every stream is compared on a key by an inner or semi join or as
-        an outer join's padded side (the query's shapes), so Spark's IS NOT NULL on that key, pushed below the watermark,
-        drops a stream whose keys are all NULL: its watermark never moves, as a stream without rows. (Every other
-        stream's latest row of each micro-batch has both keys, so the filters never move its watermark.)"""
-        return {s: [[] for _ in batches] if stream_data.all_null(batches, [0, 1]) else batches for s, batches in self.batches.items() if s in self.streams}
+        """The streams as Spark's watermarks see them (stream_data.seen_by_watermarks): every stream is compared on a
+        key by an inner or semi join or as an outer join's padded side (the query's shapes), none is preserved."""
+        return stream_data.seen_by_watermarks({s: self.batches[s] for s in self.streams}, [0, 1])
 
     def marks(self) -> list[int]:
         """The watermark of each micro-batch (stream_data.watermarks over `counted`)."""
@@ -136,9 +134,8 @@ def random_case(seed: int) -> Case:
         cut = [[row for bb, row in rows if min(micro_batches - 1, bb + (1 if draw.random() < 0.15 else 0)) == b] for b in range(micro_batches)]
         for part in cut:
             draw.shuffle(part)
-            if part and share < 1:  # the latest row has both keys (see Case.counted)
-                i = max(range(len(part)), key=lambda r: part[r][2])
-                part[i] = (draw.randrange(domain), draw.randrange(domain), *part[i][2:])
+            if share < 1:
+                stream_data.key_latest_row(part, 2, lambda row: (draw.randrange(domain), draw.randrange(domain), *row[2:]))
         batches[s] = [[] for _ in range(draw.randint(0, 1))] + cut
     case = Case(seed, streams, static, delays, batches, top=top, bushy=bushy, nondeterministic=seed % 13 == 12, rng_state=rng_state)
     counted = case.counted()

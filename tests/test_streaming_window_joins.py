@@ -567,16 +567,13 @@ class WindowCase:
             return band_query(spark, directory, self.keyed, for_spark=for_spark)
         return outer_query(spark, directory, self.how, self.ways, for_spark)
 
-    def preserved(self) -> str | None:
+    def preserved(self) -> tuple[str, ...]:
         """The stream no join filters by its prices or keys: an outer join's preserved side, where that is one stream."""
-        return {(2, "left"): "a", (2, "right"): "b", (3, "right"): "c"}.get((self.ways, self.how))
+        return {(2, "left"): ("a",), (2, "right"): ("b",), (3, "right"): ("c",)}.get((self.ways, self.how), ())
 
     def counted(self, streams: dict[str, Batches]) -> dict[str, Batches]:
-        """The streams as Spark's watermarks see them: from each join Spark infers IS NOT NULL of the prices (and keys)
-        it compares and pushes it below the watermark, so a stream whose every key and price is NULL moves its
-        watermark no more than one without rows, unless it is `preserved`. (In every other stream each micro-batch's
-        latest row has both: `window_streams`.)"""
-        return {name: [[] for _ in batches] if name != self.preserved() and stream_data.all_null(batches, [0, 1]) else batches for name, batches in streams.items()}
+        """The streams as Spark's watermarks see them (stream_data.seen_by_watermarks over keys and prices)."""
+        return stream_data.seen_by_watermarks(streams, [0, 1], self.preserved())
 
     def marks(self, streams: dict[str, Batches]) -> list[int]:
         counted = self.counted(streams)
@@ -619,9 +616,7 @@ def window_streams(seed: int) -> dict[str, Batches]:
     streams = in_batches(case.streams, rng, 1 if extreme(seed) else 4, at_watermarks=False)
     for batches in streams.values():
         for batch in ([] if stream_data.all_null(batches, [0, 1]) else batches):
-            if batch:
-                latest = max(range(len(batch)), key=lambda r: batch[r][2])
-                batch[latest] = (rng.randrange(3), rng.randrange(100), batch[latest][2])
+            stream_data.key_latest_row(batch, 2, lambda row: (rng.randrange(3), rng.randrange(100), row[2]))
     counted = case.counted(streams)
     stream_data.put_at_watermarks(rng, counted, 2, {name: DELAY_MS for name in counted}, policy=stream_data.policy_for(counted))
     return streams
