@@ -96,14 +96,15 @@ def process_all(query: StreamingQuery, files: int) -> None:
     """Waits until the query has read the first `files` files of each stream: processAllAvailable alone may return
     while a file written just before is not listed yet (then the table would change before its batch). Files, not
     rows: a file whose join keys are all NULL reads as no row (Spark's pushed IS NOT NULL skips its row groups)."""
-    def read() -> list[int]:
+    def last_files() -> list[int]:  # per stream, the number of the last file read (its source's end offset)
         ends = [source["endOffset"] for p in query.recentProgress[-1:] for source in p["sources"]]
         return [int(json.loads(end)["logOffset"]) if isinstance(end, str) else -1 if end is None else int(end["logOffset"]) for end in ends]
     deadline = time.time() + 60
-    while not (read() and all(end == files - 1 for end in read())) and time.time() < deadline:
+    while (read := last_files()) != [files - 1] * len(read) or not read:
+        if time.time() >= deadline:
+            raise AssertionError(f"the query read files {read} of each stream, not all {files}")
         query.processAllAvailable()
         time.sleep(0.1)
-    assert read() and all(end == files - 1 for end in read()), (read(), files)
 
 
 def join(x: DataFrame, y: DataFrame, t: DataFrame) -> DataFrame:

@@ -6,9 +6,8 @@ computed columns, static tables, an outer or semi join on top; files out of even
 micro-batches, holding users' data on every side of every join type (stream_data: NULL keys, every
 key NULL, no row, duplicates, empty micro-batches, late rows, rows exactly at the watermark, which
 each case checks against Spark's progress; the coverage test asserts each per join type and side).
-Every case must give the rows
-Spark's joins give (UMJoin off) in the same micro-batches, and either run as one StreamingUMJoin or
-stay as Spark planned it with the expected reason. ``--event-time-seeds N`` runs N cases instead
+Every case must give the rows Spark's joins give (UMJoin off) in the same micro-batches, and either
+run as one StreamingUMJoin or stay as Spark planned it with the expected reason. ``--event-time-seeds N`` runs N cases instead
 of the default.
 
 The end-of-run state rows with UMJoin on and off are written per case to
@@ -115,10 +114,10 @@ def random_case(seed: int) -> Case:
     batches: dict[str, list[list[tuple[Any, ...]]]] = {}
     for s in streams:
         draw = random.Random(f"event-time rows {seed} {s}")  # (a stream's rows do not move when another's are extreme)
-        if extremes.get(s) == stream_data.NO_ROWS:
+        if extremes.get(s) == NO_ROWS:
             batches[s] = [[] for _ in range(micro_batches)]
             continue
-        share = 1.0 if extremes.get(s) == stream_data.ALL_NULL else draw.choice([0.0, 0.05, 0.1, 0.3])
+        share = 1.0 if extremes.get(s) == ALL_NULL else draw.choice([0.0, 0.05, 0.1, 0.3])
         domain = draw.randint(2, 4)
         key = stream_data.key_drawer(draw, domain, share)
         rows: list[tuple[int, tuple[Any, ...]]] = []
