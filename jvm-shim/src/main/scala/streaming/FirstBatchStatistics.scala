@@ -21,50 +21,71 @@ final case class MeasuredInput(rows: Long, distinct: Seq[Long])
  * how many rows a filter keeps (TPC-H Q9's parts named '%green%': 5 %), nor how many values a key
  * takes; and the layout chosen from these figures (partitioning keys, indexes, routes) stays with
  * the checkpoint for the life of the query. It costs reading the first micro-batch's inputs twice,
- * once per checkpoint.
+ * in one job, once per checkpoint.
  */
 object FirstBatchStatistics extends Logging {
 
   private val RelativeError = 0.02
 
   /**
-   * The input's figures, or None where running it again would not be a pure read: an input that
-   * keeps state of its own (a deduplication, an aggregation) would write it twice. A watermark node
-   * only observes the rows going through it, so it is left out of the second run.
+   * Each input's figures, from one job over all of them (a job per input cost about 0.6 s each, most
+   * of a new query's first planning on eight inputs). None for an input where running it again would
+   * not be a pure read: an input that keeps state of its own (a deduplication, an aggregation) would
+   * write it twice; and None for every input if the job fails (Spark's plan estimates serve). A
+   * watermark node only observes the rows going through it, so it is left out of the second run.
    */
-  def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
-    if (input.exists(_.isInstanceOf[StatefulOperator])) None
-    else try {
-      // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the batch once.
-      // This runs inside the planning of the micro-batch, before Spark inserted its row/columnar transitions.
-      val copy = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
-      val runnable = ApplyColumnarRulesAndInsertTransitions(Nil, false)(copy)
-      val bound = keys.map(BindReferences.bindReference(_, runnable.output))
-      val sketch = new HyperLogLogPlusPlusHelper(RelativeError)
-      def counted = runnable.execute().mapPartitions { rows =>
-        val buffers = bound.map(_ => new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
-        var count = 0L
-        rows.foreach { row =>
-          count += 1
-          bound.zip(buffers).foreach { case (key, buffer) =>
-            val value = key.eval(row)
-            if (value != null) sketch.update(buffer, 0, value, key.dataType)
+  def measure(inputs: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
+    val pure = inputs.indices.filterNot(i => inputs(i)._1.exists(_.isInstanceOf[StatefulOperator]))
+    val figures =
+      if (pure.isEmpty) Map.empty[Int, MeasuredInput]
+      else try pure.zip(measured(pure.map(inputs))).toMap catch {
+        case NonFatal(e) =>
+          val names = pure.map(inputs(_)._1.nodeName).mkString(", ")
+          logWarning(s"UMJoin: the first micro-batch of $names could not be measured (${e.getMessage}); " +
+            "Spark's plan estimates serve")
+          Map.empty[Int, MeasuredInput]
+      }
+    inputs.indices.map(figures.get)
+  }
+
+  private def measured(inputs: Seq[(SparkPlan, Seq[Expression])]): Seq[MeasuredInput] = {
+    val sketch = new HyperLogLogPlusPlusHelper(RelativeError)
+    def sketches(count: Int) = Seq.fill(count)(new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
+    def counted: Array[(Int, Long, Seq[GenericInternalRow])] = {
+      val perInput = inputs.zipWithIndex.map { case ((input, keys), i) =>
+        // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the batch once.
+        // This runs inside the planning of the micro-batch, before Spark inserted its row/columnar transitions.
+        val copy = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
+        val runnable = ApplyColumnarRulesAndInsertTransitions(Nil, false)(copy)
+        val bound = keys.map(BindReferences.bindReference(_, runnable.output))
+        runnable.execute().mapPartitions { rows =>
+          val buffers = sketches(bound.size)
+          var count = 0L
+          rows.foreach { row =>
+            count += 1
+            bound.zip(buffers).foreach { case (key, buffer) =>
+              val value = key.eval(row)
+              if (value != null) sketch.update(buffer, 0, value, key.dataType)
+            }
           }
+          Iterator.single((i, count, buffers))
         }
-        Iterator.single((count, buffers))
-      }.collect()
-      // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task sees Spark's
-      // defaults for what it reads as it runs, code generation's settings among them: the first code generated
-      // in the JVM sized Spark's code cache at its default, whatever spark.sql.codegen.cache.maxEntries said.
-      val perPartition = Option(input.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
-      val merged = bound.map(_ => new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
-      perPartition.foreach { case (_, buffers) => merged.zip(buffers).foreach { case (into, from) => sketch.merge(into, from, 0, 0) } }
-      Some(MeasuredInput(perPartition.map(_._1).sum, merged.map(sketch.query(_, 0))))
-    } catch {
-      case NonFatal(e) =>
-        logWarning(s"UMJoin: the first micro-batch of ${input.nodeName} could not be measured (${e.getMessage}); Spark's plan estimates serve")
-        None
+      }
+      perInput.head.sparkContext.union(perInput).collect()
     }
+    // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task sees Spark's
+    // defaults for what it reads as it runs, code generation's settings among them: the first code generated
+    // in the JVM sized Spark's code cache at its default, whatever spark.sql.codegen.cache.maxEntries said.
+    val perPartition = Option(inputs.head._1.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
+    inputs.indices.map { i =>
+      val parts = perPartition.filter(_._1 == i)
+      val merged = sketches(inputs(i)._2.size)
+      parts.foreach { case (_, _, buffers) =>
+        merged.zip(buffers).foreach { case (into, from) => sketch.merge(into, from, 0, 0) }
+      }
+      MeasuredInput(parts.map(_._2).sum, merged.map(sketch.query(_, 0)))
+    }
+  }
 
   /**
    * Join sizes from every input's figures: its rows, and per key class the most distinct values any

@@ -108,8 +108,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId, session.sparkContext, message)) logInfo(s"UMJoin: $message")
       // Groups are tried several times while being split; an input's first micro-batch is measured once.
       val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
-      def measure(input: SparkPlan, keys: Seq[Expression]): Option[MeasuredInput] =
-        measured.computeIfAbsent(input, _ => mutable.Map()).getOrElseUpdate(keys, FirstBatchStatistics.measure(input, keys))
+      def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
+        def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
+        val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
+        FirstBatchStatistics.measure(missing).zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
+        wanted.map { case (input, keys) => known(input)(keys) }
+      }
       val mismatched = mutable.Map[Long, String]()
       val accepted =
         if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, g => conf.minInputsOf(timeSliced(g)),
@@ -209,7 +213,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * its event times cut into `timeSlices` slices where it has no equi-join key, None: Spark's default parallelism).
    * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: (SparkPlan, Seq[Expression]) => Option[MeasuredInput],
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
       compositeIndexes: Boolean, storeStatic: Boolean, timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
@@ -374,7 +378,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained, reported)
           }
         checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
-          val measured = inputs.indices.map(i => measure(unmarked(i), FirstBatchStatistics.keys(graph, i)))
+          val measured = measure(inputs.indices.map(i => (unmarked(i), FirstBatchStatistics.keys(graph, i))))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
             case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
               s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
