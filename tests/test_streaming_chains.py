@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 import stream_data
 from stream_data import Batches
 from test_static_stores import umjoin_metric
-from test_streaming import ROCKSDB, by_batch, executed_plan, nulls_first, run_by_batch, sorted_rows, start_by_batch, stream, write_batches
+from test_streaming import ROCKSDB, SPARK_JOINS, by_batch, executed_plan, nulls_first, run_by_batch, sorted_rows, start_by_batch, stream, write_batches
 from test_streaming_outer import hold_back_second_half
 from umjoin.local import temporary_conf
 
@@ -133,8 +133,9 @@ def chain_query(spark: SparkSession, directory: Path, sides: list[tuple[str, str
 
 
 def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str], restart: list[str] | None = None):  # type: ignore[no-untyped-def]
-    """The query with UMJoin on and off, each row's micro-batches. With `restart` (stream names), each runs
-    on the first half of those streams' files, stops, and restarts from its checkpoint on all of them."""
+    """The query with UMJoin on and off (`SPARK_JOINS`: Spark's joins in the state they write fewest files for),
+    each row's micro-batches. With `restart` (stream names), each runs on the first half of those streams' files,
+    stops, and restarts from its checkpoint on all of them."""
     def run(checkpoint: Path):  # type: ignore[no-untyped-def]
         if not restart:
             return run_by_batch(query(), checkpoint)
@@ -145,7 +146,7 @@ def run_both(spark: SparkSession, tmp_path: Path, query, settings: dict[str, str
 
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **settings}):
         umjoin, on = run(tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run(tmp_path / "ck-off")
     return umjoin, on, off
 
@@ -288,7 +289,7 @@ def test_a_ten_way_chain_of_left_joins_runs_as_one_streaming_umjoin(spark: Spark
         before = compiled_classes(spark)
         umjoin, on = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-on")
         compiled = compiled_classes(spark) - before
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / "ck-off")
 
     plan = executed_plan(umjoin)
@@ -347,7 +348,7 @@ def test_micro_batches_that_drop_late_rows_evict_and_pad_as_the_ones_before_comp
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2", **ROCKSDB}):
         umjoin, emitted = start_by_batch(query(), tmp_path / "ck-on", after_batch=lambda _: compiled_after.append(compiled_classes(spark)))
         umjoin.awaitTermination()
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(query(), tmp_path / "ck-off")
     on = by_batch(emitted)
 
@@ -578,7 +579,7 @@ def test_a_left_anti_join_of_two_streams_runs_as_the_left_outer_join_keeping_its
     write_streams(tmp_path, streams)
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         umjoin, on = run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-on")
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        with temporary_conf(spark, SPARK_JOINS):
             _, off = run_by_batch(anti_query(spark, tmp_path, position, True), tmp_path / "ck-off")
             with pytest.raises(Exception, match="LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"):
                 run_by_batch(anti_query(spark, tmp_path, position, False), tmp_path / "ck-spark")

@@ -226,12 +226,12 @@ def test_a_three_way_band_join_spark_refuses_runs_as_one_streaming_umjoin_and_eq
 
 @pytest.mark.parametrize(("streams", "runs"), [
     (2, ((1, 1), (4, 4), (4, 1))),
-    (3, ((1, 1), (2, 2), (3, 3), (5, 5), (6, 6), (8, 8), (8, 3))),
+    (3, ((1, 1), (3, 3), (5, 5), (8, 3))),
     (5, ((1, 1), (7, 7), (6, 2))),
 ])
 def test_the_state_is_spread_over_the_partitions_by_time_slice_each_row_stored_once(
         spark: SparkSession, tmp_path: Path, streams: int, runs: tuple[tuple[int, int], ...]) -> None:
-    """Paper 004's property: for any number of slices (1 to 8, over as many state partitions or more) the result
+    """Paper 004's property: for any number of slices (1 to 7 here, over as many state partitions or more, up to 8) the result
     is the nested loop's, the rows stored over all slices are the same rows, none kept twice, and the Python
     UDF is called once per combination the other conditions leave, as a nested loop calls it."""
     names = [f"s{i}" for i in range(streams)]
