@@ -28,11 +28,12 @@ object FirstBatchStatistics extends Logging {
   private val RelativeError = 0.02
 
   /**
-   * Each input's figures, from one job over all of them (a job per input cost about 0.6 s each, most
-   * of a new query's first planning on eight inputs). None for an input where running it again would
-   * not be a pure read: an input that keeps state of its own (a deduplication, an aggregation) would
-   * write it twice; and None for every input if the job fails (Spark's plan estimates serve). A
-   * watermark node only observes the rows going through it, so it is left out of the second run.
+   * Each input's figures, from one job over all of them (a job per input cost about 0.6 s each,
+   * most of a new query's first planning on eight inputs). None for an input where running it
+   * again would not be a pure read: an input that keeps state of its own (a deduplication, an
+   * aggregation) would write it twice; and None for every input if the job fails (Spark's plan
+   * estimates serve). A watermark node only observes the rows going through it, so it is left out
+   * of the second run.
    */
   def measure(inputs: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
     val pure = inputs.indices.filterNot(i => inputs(i)._1.exists(_.isInstanceOf[StatefulOperator]))
@@ -41,8 +42,8 @@ object FirstBatchStatistics extends Logging {
       else try pure.zip(measured(pure.map(inputs))).toMap catch {
         case NonFatal(e) =>
           val names = pure.map(inputs(_)._1.nodeName).mkString(", ")
-          logWarning(s"UMJoin: the first micro-batch of $names could not be measured (${e.getMessage}); " +
-            "Spark's plan estimates serve")
+          logWarning(s"UMJoin: the first micro-batch of $names could not be measured " +
+            s"(${e.getMessage}); Spark's plan estimates serve")
           Map.empty[Int, MeasuredInput]
       }
     inputs.indices.map(figures.get)
@@ -50,11 +51,13 @@ object FirstBatchStatistics extends Logging {
 
   private def measured(inputs: Seq[(SparkPlan, Seq[Expression])]): Seq[MeasuredInput] = {
     val sketch = new HyperLogLogPlusPlusHelper(RelativeError)
-    def sketches(count: Int) = Seq.fill(count)(new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
+    def sketches(count: Int) =
+      Seq.fill(count)(new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
     def counted: Array[(Int, Long, Seq[GenericInternalRow])] = {
       val perInput = inputs.zipWithIndex.map { case ((input, keys), i) =>
-        // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the batch once.
-        // This runs inside the planning of the micro-batch, before Spark inserted its row/columnar transitions.
+        // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the
+        // batch once. This runs inside the planning of the micro-batch, before Spark inserted its
+        // row/columnar transitions.
         val copy = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
         val runnable = ApplyColumnarRulesAndInsertTransitions(Nil, false)(copy)
         val bound = keys.map(BindReferences.bindReference(_, runnable.output))
@@ -73,10 +76,12 @@ object FirstBatchStatistics extends Logging {
       }
       perInput.head.sparkContext.union(perInput).collect()
     }
-    // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task sees Spark's
-    // defaults for what it reads as it runs, code generation's settings among them: the first code generated
-    // in the JVM sized Spark's code cache at its default, whatever spark.sql.codegen.cache.maxEntries said.
-    val perPartition = Option(inputs.head._1.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
+    // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task
+    // sees Spark's defaults for what it reads as it runs, code generation's settings among them:
+    // the first code generated in the JVM sized Spark's code cache at its default, whatever
+    // spark.sql.codegen.cache.maxEntries said.
+    val perPartition =
+      Option(inputs.head._1.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
     inputs.indices.map { i =>
       val parts = perPartition.filter(_._1 == i)
       val merged = sketches(inputs(i)._2.size)

@@ -111,7 +111,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
         def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
         val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
-        FirstBatchStatistics.measure(missing).zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
+        FirstBatchStatistics.measure(missing).zip(missing).foreach { case (figures, (input, keys)) =>
+          known(input)(keys) = figures
+        }
         wanted.map { case (input, keys) => known(input)(keys) }
       }
       val mismatched = mutable.Map[Long, String]()
@@ -213,7 +215,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * its event times cut into `timeSlices` slices where it has no equi-join key, None: Spark's default parallelism).
    * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan], measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
+  private def tryPlan(group: MultiJoinGroup[SparkPlan],
+      measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
       compositeIndexes: Boolean, storeStatic: Boolean, timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
