@@ -7,7 +7,9 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection, StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
-import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorCustomSumMetric, StatefulOperatorStateInfo, StateStoreWriter}
+import org.apache.spark.sql.execution.metric.SQLMetric
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorStateInfo,
+  StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
@@ -133,51 +135,34 @@ case class StreamingUMJoinExec(
   override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
 
   /** Per input: its state (rows, index entries, bytes) and its probes; they show in the query's progress too. */
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = Seq(
-    StatefulOperatorCustomSumMetric("probeRouteChanges", "probe routes changed before this batch"),
-    StatefulOperatorCustomSumMetric("partialCombinationsShipped", "partial combinations shipped between stores"),
-    StatefulOperatorCustomSumMetric("stateRowsReadIntoMemory", "stored rows read into memory to be probed there"),
-    StatefulOperatorCustomSumMetric("memoryIndexBytes", "bytes of the indexes built in memory to be probed")) ++
-    (if (!layout.timeSlices.exists(_.isDefined)) Nil
-    else Seq(StatefulOperatorCustomSumMetric("partialCombinationsShipNanos", "time the shuffles took to write and read the partial combinations shipped (ns)"))) ++
-    children.indices.flatMap { i =>
-      val name = s"input #$i ${inputLabels(i)}"
-      Seq(
-        StatefulOperatorCustomSumMetric(s"stateRowsInput$i", s"$name: state rows"),
-        StatefulOperatorCustomSumMetric(s"stateIndexEntriesInput$i", s"$name: state index entries"),
-        StatefulOperatorCustomSumMetric(s"stateBytesInput$i", s"$name: state memory bytes"),
-        StatefulOperatorCustomSumMetric(InputMetrics.rowsIn(i), s"$name: rows in"),
-        StatefulOperatorCustomSumMetric(InputMetrics.probes(i), s"$name: probes"),
-        StatefulOperatorCustomSumMetric(InputMetrics.matches(i), s"$name: matches"),
-        StatefulOperatorCustomSumMetric(InputMetrics.earlyStops(i), s"$name: early stops"),
-        StatefulOperatorCustomSumMetric(InputMetrics.conditionChecks(i), s"$name: rows tested by the conditions of the step into it"),
-        StatefulOperatorCustomSumMetric(InputMetrics.costlyChecks(i),
-          s"$name: rows tested by the conditions of the step into it that can fail (a UDF's calls)")) ++
-        (if (!layout.isTimeSliced(i)) Nil
-        else Seq(
-          StatefulOperatorCustomSumMetric(s"slicePartitionsInput$i", s"$name: partitions holding its rows (time slices)"),
-          StatefulOperatorCustomSumMetric(s"earlierSliceRowsInput$i", s"$name: rows placed by the time slices before a change a version before stretches recorded"),
-          StatefulOperatorCustomSumMetric(s"sliceCombinationsInput$i", s"$name: partial combinations sent to its time slices"),
-          StatefulOperatorCustomSumMetric(s"sliceProbeNanosInput$i", s"$name: time probing its time slices for them (ns)"))) ++
-        (if (!graphShape.outer.contains(i)) Nil
-        else Seq(StatefulOperatorCustomSumMetric(InputMetrics.nullPadded(i), s"$name: combinations put out with NULLs for its columns"))) ++
-        (if (!semiInputs.contains(i)) Nil else Seq(
-          StatefulOperatorCustomSumMetric(s"semiDroppedInput$i", s"$name: combinations dropped, no row matched them"),
-          StatefulOperatorCustomSumMetric(s"unmatchedRowsInput$i", s"$name: combinations waiting for a match"))) ++
-        (if (layout.kinds(i) != InputKind.StaticStored) Nil else Seq(
-          StatefulOperatorCustomSumMetric(s"staticLoadsInput$i", s"$name: table loaded into its stores"),
-          StatefulOperatorCustomSumMetric(s"staticCacheHitsInput$i", s"$name: probes served by the cache"),
-          StatefulOperatorCustomSumMetric(s"staticCacheMissesInput$i", s"$name: probes served by the stores"),
-          StatefulOperatorCustomSumMetric(s"staticCachedKeysInput$i", s"$name: cached keys"),
-          StatefulOperatorCustomSumMetric(s"staticCachedBytesInput$i", s"$name: cache memory bytes"),
-          StatefulOperatorCustomSumMetric(s"staticDiskBytesInput$i", s"$name: store bytes on disk")))
-    }
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = {
+    import OperatorMetrics._
+    val sliced = layout.timeSlices.exists(_.isDefined)
+    Seq(RouteChanges, CombinationsShipped, StateRowsReadIntoMemory, MemoryIndexBytes).map(_.declared) ++
+      (if (sliced) Seq(ShipNanos.declared) else Nil) ++
+      children.indices.flatMap { i =>
+        val perInput = Seq(StateRows, StateIndexEntries, StateBytes, RowsIn, Probes, Matches, EarlyStops,
+          ConditionChecks, CostlyChecks) ++
+          (if (layout.isTimeSliced(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations, SliceProbeNanos)
+          else Nil) ++
+          (if (graphShape.outer.contains(i)) Seq(NullPadded) else Nil) ++
+          (if (semiInputs.contains(i)) Seq(SemiDropped, UnmatchedRows) else Nil) ++
+          (if (layout.kinds(i) == InputKind.StaticStored) {
+            Seq(StaticLoads, StaticCacheHits, StaticCacheMisses, StaticCachedKeys, StaticCachedBytes, StaticDiskBytes)
+          } else Nil)
+        perInput.map(_.declared(i, inputLabels(i)))
+      }
+  }
 
-  private def inputMetrics(i: Int): InputMetrics = InputMetrics(
-    longMetric(InputMetrics.rowsIn(i)), longMetric(InputMetrics.probes(i)), longMetric(InputMetrics.matches(i)),
-    longMetric(InputMetrics.earlyStops(i)), longMetric(s"stateBytesInput$i"),
-    Option.when(graphShape.outer.contains(i))(longMetric(InputMetrics.nullPadded(i))), Some(longMetric(InputMetrics.conditionChecks(i))),
-    Some(longMetric(InputMetrics.costlyChecks(i))))
+  private def metric(m: OperatorMetrics.Metric): SQLMetric = longMetric(m.name)
+  private def metric(m: OperatorMetrics.PerInput, i: Int): SQLMetric = longMetric(m.name(i))
+
+  private def inputMetrics(i: Int): InputMetrics = {
+    import OperatorMetrics._
+    InputMetrics(metric(RowsIn, i), metric(Probes, i), metric(Matches, i), metric(EarlyStops, i), metric(StateBytes, i),
+      Option.when(graphShape.outer.contains(i))(metric(NullPadded, i)), Some(metric(ConditionChecks, i)),
+      Some(metric(CostlyChecks, i)))
+  }
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
 
@@ -245,7 +230,7 @@ case class StreamingUMJoinExec(
     val (allRoutes, changed) = StreamingRoutes.next(StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
     // A semi join's stream starts no route: its rows only let combinations through, at their first match.
     val routes = allRoutes.filter { case (start, _) => !graphShape.filters.contains(start) }
-    longMetric("probeRouteChanges") += changed
+    metric(OperatorMetrics.RouteChanges) += changed
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
@@ -256,7 +241,7 @@ case class StreamingUMJoinExec(
     // Stored static tables: loaded into their stores in this batch, or probed there.
     val staticLoads = layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
       val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
-      if (decision.load) longMetric(s"staticLoadsInput$j") += 1
+      if (decision.load) metric(OperatorMetrics.StaticLoads, j) += 1
       j -> decision
     }.toMap
     val job = MicroBatchJob(
@@ -287,7 +272,7 @@ case class StreamingUMJoinExec(
       info = info)
     // Rows an earlier time slicing placed are counted in every batch until none is left; the next batch's planning reads the count.
     val sliceDrains: Map[Int, SliceDrain] = children.indices.filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
-      val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator, longMetric(s"earlierSliceRowsInput$j"))
+      val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator, metric(OperatorMetrics.EarlierSliceRows, j))
       StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains.put((info.operatorId, j), drain)
       j -> drain
     }.toMap
@@ -300,33 +285,37 @@ case class StreamingUMJoinExec(
       j -> accumulator
     }.toMap
     val sliceCosts = Option.when(sliced.nonEmpty) {
-      val measured = SliceCostMetrics(sliced.map(j => j -> longMetric(s"sliceCombinationsInput$j")).toMap,
-        sliced.map(j => j -> longMetric(s"sliceProbeNanosInput$j")).toMap, longMetric("partialCombinationsShipNanos"))
+      val measured = SliceCostMetrics(sliced.map(j => j -> metric(OperatorMetrics.SliceCombinations, j)).toMap,
+        sliced.map(j => j -> metric(OperatorMetrics.SliceProbeNanos, j)).toMap, metric(OperatorMetrics.ShipNanos))
       StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId, SliceCosts(info.storeVersion,
         sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
-        sliced.map(j => j -> longMetric(InputMetrics.conditionChecks(j))).toMap, longMetric("partialCombinationsShipped"), slicedRows))
+        sliced.map(j => j -> metric(OperatorMetrics.ConditionChecks, j)).toMap, metric(OperatorMetrics.CombinationsShipped),
+        slicedRows))
       measured
     }
     val metrics = StageMetrics(
       numOutputRows = longMetric("numOutputRows"),
       inputs = children.indices.map(inputMetrics),
-      shipped = longMetric("partialCombinationsShipped"),
-      cachedStateRows = longMetric("stateRowsReadIntoMemory"),
-      memoryIndexBytes = longMetric("memoryIndexBytes"),
+      shipped = metric(OperatorMetrics.CombinationsShipped),
+      cachedStateRows = metric(OperatorMetrics.StateRowsReadIntoMemory),
+      memoryIndexBytes = metric(OperatorMetrics.MemoryIndexBytes),
       droppedLate = longMetric("numRowsDroppedByWatermark"),
       updated = longMetric("numUpdatedStateRows"),
       removed = longMetric("numRemovedStateRows"),
-      stateRows = children.indices.map(i => longMetric(s"stateRowsInput$i")),
-      indexEntries = children.indices.map(i => longMetric(s"stateIndexEntriesInput$i")),
-      slicePartitions = sliced.map(i => i -> longMetric(s"slicePartitionsInput$i")).toMap,
+      stateRows = children.indices.map(metric(OperatorMetrics.StateRows, _)),
+      indexEntries = children.indices.map(metric(OperatorMetrics.StateIndexEntries, _)),
+      slicePartitions = sliced.map(i => i -> metric(OperatorMetrics.SlicePartitions, i)).toMap,
       sliceDrains = sliceDrains,
       sliceCosts = sliceCosts,
       slicedRows = slicedRows,
       static = staticLoads.keys.map { i =>
-        i -> StaticMetrics(longMetric(s"staticCacheHitsInput$i"), longMetric(s"staticCacheMissesInput$i"),
-          longMetric(s"staticCachedKeysInput$i"), longMetric(s"staticCachedBytesInput$i"), longMetric(s"staticDiskBytesInput$i"))
+        import OperatorMetrics._
+        i -> StaticMetrics(metric(StaticCacheHits, i), metric(StaticCacheMisses, i), metric(StaticCachedKeys, i),
+          metric(StaticCachedBytes, i), metric(StaticDiskBytes, i))
       }.toMap,
-      unmatched = semiInputs.map(o => o -> UnmatchedMetrics(longMetric(s"semiDroppedInput$o"), longMetric(s"unmatchedRowsInput$o"))).toMap)
+      unmatched = semiInputs.map { o =>
+        o -> UnmatchedMetrics(metric(OperatorMetrics.SemiDropped, o), metric(OperatorMetrics.UnmatchedRows, o))
+      }.toMap)
     val storeConfs = InputStateConf(conf)
     // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableConfiguration(hadoopConf))
