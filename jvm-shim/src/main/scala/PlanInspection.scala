@@ -22,9 +22,9 @@ object PlanInspection {
   /**
    * `{"nodes": [...], "text": [...], "metrics": [...], "subqueries": [...]}`: the plan's nodes in
    * pre-order as TreeNode JSON (each with its number of children), and for each node in the same
-   * order its one-line description, its SQL metrics (display name -> value; physical plans only) and
-   * the descriptions of its subqueries' plans. AQE's wrappers (adaptive plan, query stages) are seen
-   * through, never copied, so the metrics are those of the nodes that ran.
+   * order its one-line description, its SQL metrics (display name -> value; physical plans only)
+   * and the descriptions of its subqueries' plans. AQE's wrappers (adaptive plan, query stages) are
+   * seen through, never copied, so the metrics are those of the nodes that ran.
    */
   def describe[T <: TreeNode[T]](plan: T): String = compact(render(description(plan)))
 
@@ -32,12 +32,14 @@ object PlanInspection {
     val nodes, text, metrics, subqueries = scala.collection.mutable.ArrayBuffer[JValue]()
     def visit(node: TreeNode[_]): Unit = {
       val shown = seeThrough(node)
-      // The node's own entry: the first of its subtree's JSON (its children are described as visited).
+      // The node's own entry: the first of its subtree's JSON (its children are described as
+      // visited).
       nodes += (parse(shown.toJSON) match { case JArray(self :: _) => self; case other => other })
       text += JString(shown.simpleString(25))
       shown match {
         case p: SparkPlan =>
-          metrics += JObject(p.metrics.toList.sortBy(_._1).map { case (_, m) => m.name.getOrElse(m.id.toString) -> JLong(m.value) })
+          metrics += JObject(p.metrics.toList.sortBy(_._1)
+            .map { case (_, m) => m.name.getOrElse(m.id.toString) -> JLong(m.value) })
           subqueries += JArray(p.subqueries.map(s => description(s)).toList)
         case p: LogicalPlan =>
           metrics += JObject()
@@ -49,26 +51,38 @@ object PlanInspection {
       shown.children.foreach(child => visit(child.asInstanceOf[TreeNode[_]]))
     }
     visit(plan)
-    JObject("nodes" -> JArray(nodes.toList), "text" -> JArray(text.toList), "metrics" -> JArray(metrics.toList),
+    JObject("nodes" -> JArray(nodes.toList), "text" -> JArray(text.toList),
+      "metrics" -> JArray(metrics.toList),
       "subqueries" -> JArray(subqueries.toList))
   }
 
-  /** The node that ran in place of an AQE wrapper (the current plan of an adaptive plan, a stage's plan). */
+  /**
+   * The node that ran in place of an AQE wrapper (the current plan of an adaptive plan, a stage's
+   * plan).
+   */
   private def seeThrough(node: TreeNode[_]): TreeNode[_] = node match {
     case adaptive: AdaptiveSparkPlanExec => seeThrough(adaptive.executedPlan)
     case stage: QueryStageExec => seeThrough(stage.plan)
     case other => other
   }
 
-  /** Why each join of a batch query stays as Spark plans it: `[[join, reason], ...]` (see [[BatchUMJoinStrategy.whyNot]]). */
+  /**
+   * Why each join of a batch query stays as Spark plans it: `[[join, reason], ...]` (see
+   * [[BatchUMJoinStrategy.whyNot]]).
+   */
   def whyNot(execution: QueryExecution): String =
-    compact(render(JArray(BatchUMJoinStrategy.whyNot(execution.executedPlan).map { case (_, join, reason) =>
-      JArray(List(JString(join), JString(reason)))
+    compact(render(JArray(BatchUMJoinStrategy.whyNot(execution.executedPlan).map {
+      case (_, join, reason) =>
+        JArray(List(JString(join), JString(reason)))
     }.toList)))
 
-  /** Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a JSON array of messages. */
+  /**
+   * Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a
+   * JSON array of messages.
+   */
   def unconvertedStreamingJoins(runId: String): String =
-    compact(render(JArray(StreamingRegistry.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
+    compact(render(
+      JArray(StreamingRegistry.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
 
   /**
    * Runs both TSC steps on a logical plan with the session's batch member patterns, without any
@@ -76,16 +90,19 @@ object PlanInspection {
    * plan with MultiJoin nodes>}`.
    */
   def twoStepConvert(plan: LogicalPlan): String = {
-    val patterns = UMJoinExtensions.loadBatchPatterns(Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir.key)))
+    val patterns = UMJoinExtensions.loadBatchPatterns(
+      Option(SparkEnv.get).flatMap(_.conf.getOption(UMJoinConf.RulesDir.key)))
     val tsc = new TwoStepConvert[LogicalPlan](patterns.roleOf, LogicalPatterns.keptAsInput)
     val groups = tsc.createMultiJoinGroups(plan)
-    val converted = tsc.getMultiJoinNode(plan, groups, (group, inputs) => MultiJoin(inputs, group.root.output))
+    val converted =
+      tsc.getMultiJoinNode(plan, groups, (group, inputs) => MultiJoin(inputs, group.root.output))
     val groupJson = groups.map { g =>
       JObject(
         "root" -> JString(g.root.simpleString(25)),
         "members" -> JArray(g.members.map(m => JString(m.nodeName)).toList),
         "inputs" -> JArray(g.inputs.map(i => JString(InputLabels.of(i))).toList))
     }
-    compact(render(JObject("groups" -> JArray(groupJson.toList), "converted" -> description(converted))))
+    compact(render(JObject("groups" -> JArray(groupJson.toList),
+      "converted" -> description(converted))))
   }
 }

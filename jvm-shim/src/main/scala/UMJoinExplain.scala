@@ -15,5 +15,6 @@ final class UMJoinExplain extends ExtendedExplainGenerator {
   override def title: String = "UMJoin"
 
   override def generateExtendedInfo(plan: SparkPlan): String =
-    BatchUMJoinStrategy.whyNot(plan).map { case (node, join, reason) => s"$node ($join) stays Spark's: $reason" }.mkString("\n")
+    BatchUMJoinStrategy.whyNot(plan)
+      .map { case (node, join, reason) => s"$node ($join) stays Spark's: $reason" }.mkString("\n")
 }

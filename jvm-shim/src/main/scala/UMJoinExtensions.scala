@@ -8,14 +8,15 @@ import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
 import umjoin.spark.batch.{BatchUMJoinStrategy, BroadcastStageInputs}
 import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, PhysicalPatterns}
-import umjoin.spark.streaming.{StreamAntiJoins, StreamingUMJoinRule, WholeMicroBatchStrategy, WindowJoinSlices}
+import umjoin.spark.streaming.{StreamAntiJoins, StreamingUMJoinRule, WholeMicroBatchStrategy,
+  WindowJoinSlices}
 
 /**
  * Registers UMJoin with a Spark session: `spark.sql.extensions=umjoin.spark.UMJoinExtensions`
  * (plus the jar on `spark.jars`): the batch planner strategy and the streaming physical rule (with
- * the strategy that keeps Spark from planning its micro-batches adaptively where it must see them whole). The
- * member patterns are loaded and checked here, so a broken rules file fails the session's creation
- * with a message naming the file.
+ * the strategy that keeps Spark from planning its micro-batches adaptively where it must see them
+ * whole). The member patterns are loaded and checked here, so a broken rules file fails the
+ * session's creation with a message naming the file.
  */
 class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
@@ -27,13 +28,16 @@ class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
     extensions.injectQueryPostPlannerStrategyRule(_ => BroadcastStageInputs)
     // Keeps micro-batches that may store static tables whole under AQE, for the streaming hook.
     extensions.injectPlannerStrategy(session => new WholeMicroBatchStrategy(session))
-    // Left anti joins of two streams, as left outer joins keeping the padded rows, before Spark checks the streaming plan.
+    // Left anti joins of two streams, as left outer joins keeping the padded rows, before Spark
+    // checks the streaming plan.
     extensions.injectPostHocResolutionRule(_ => StreamAntiJoins)
     // Stream-stream joins without an equi-join key, keyed by time slice before Spark plans them.
     extensions.injectPreCBORule(_ => WindowJoinSlices)
-    // The streaming hook runs on prepared physical plans, where stream-stream joins have their state.
+    // The streaming hook runs on prepared physical plans, where stream-stream joins have their
+    // state.
     extensions.injectColumnar(session => new ColumnarRule {
-      override def preColumnarTransitions: Rule[SparkPlan] = new StreamingUMJoinRule(session, streamingPatterns)
+      override def preColumnarTransitions: Rule[SparkPlan] =
+        new StreamingUMJoinRule(session, streamingPatterns)
     })
   }
 }

@@ -20,21 +20,28 @@ import umjoin.spark.UMJoinConf
 import umjoin.spark.batch.UMJoinExec
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.{AdaptiveRouter, ProbeCounters, ProbeOrder, StoreStructure}
-import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, ProbeSteps, Route, StoreIndex}
+import umjoin.spark.core.probe.{CompiledRoute, InputMetrics, ProbeCore, ProbeSteps,
+  Route, StoreIndex}
 import umjoin.spark.core.store.{AppendableStore, JoinStores, StateBackend, StoreMetrics}
 
-/** One replay: the initial probe order (input indexes, most preferred first) and the spark.umjoin.* settings it runs with. */
+/**
+ * One replay: the initial probe order (input indexes, most preferred first) and the spark.umjoin.*
+ * settings it runs with.
+ */
 final case class ReplayRun(initialOrder: Seq[Int], settings: UMJoinConf)
 
-/** What one replay measured: result rows (and their checksum), time, probe work, and the routes it ended with. */
-final case class ReplayResult(rows: Long, checksum: Long, seconds: Double, probes: Long, matches: Long, routeChanges: Long,
-    cycles: Long, finalOrders: Seq[Seq[Int]])
+/**
+ * What one replay measured: result rows (and their checksum), time, probe work, and the routes it
+ * ended with.
+ */
+final case class ReplayResult(rows: Long, checksum: Long, seconds: Double, probes: Long,
+    matches: Long, routeChanges: Long, cycles: Long, finalOrders: Seq[Seq[Int]])
 
 /**
- * The probe-order experiment of paper 001 (5.1) in batch: the rows of a UMJoin's inputs arrive one
- * at a time, interleaved in a seeded random order, as from four streams. Each arriving row probes
- * the stores of the rows that arrived before it along its input's route, then joins its own
- * input's stores, so every result row is produced once, when its last row arrives. The adaptive
+ * The probe-order experiment of dpPick (paper 001, 5.1) in batch: the rows of a UMJoin's inputs
+ * arrive one at a time, interleaved in a seeded random order, as from four streams. Each arriving
+ * row probes the stores of the rows that arrived before it along its input's route, then joins its
+ * own input's stores, so every result row is produced once, when its last row arrives. The adaptive
  * policies choose the routes again every `spark.umjoin.dpPick.cycleRows` arrivals (the paper's
  * period T, counted in rows rather than seconds so that runs are comparable), from the forecast of
  * the last `history` cycles.
@@ -56,12 +63,14 @@ final class ArrivalReplay private (exec: UMJoinExec, inputs: RDD[(Int, InternalR
 
   /**
    * Replays every run of `runs` (one task) over the arrival order drawn from `seed`.
-   * `checksum`: also sum the low 32 bits of xxhash64 over each result row's columns (`resultColumns` order).
+   * `checksum`: also sum the low 32 bits of xxhash64 over each result row's columns
+   * (`resultColumns` order).
    */
   def replay(seed: Long, runs: Seq[ReplayRun], checksum: Boolean): Seq[ReplayResult] = {
     val n = exec.children.size
     runs.foreach { run =>
-      require(run.initialOrder.sorted == (0 until n), s"an initial order must list each of the $n inputs once, got ${run.initialOrder.mkString(",")}")
+      require(run.initialOrder.sorted == (0 until n), s"an initial order must list each of the $n" +
+        s" inputs once, got ${run.initialOrder.mkString(",")}")
     }
     val graph = exec.joinGraph
     val outputs = exec.children.map(_.output)
@@ -71,16 +80,23 @@ final class ArrivalReplay private (exec: UMJoinExec, inputs: RDD[(Int, InternalR
       val byInput = Array.fill(n)(mutable.ArrayBuffer[InternalRow]())
       rows.foreach { case (i, row) => byInput(i) += row }
       val arrivals = ArrivalReplay.shuffled(byInput.map(_.size).toIndexedSeq, seed)
-      runs.iterator.map(run => new ReplayTask(graph, outputs, result, byInput.map(_.toIndexedSeq).toIndexedSeq, run, checksum, context).replay(arrivals))
+      runs.iterator.map(run => new ReplayTask(graph, outputs, result,
+        byInput.map(_.toIndexedSeq).toIndexedSeq, run, checksum, context).replay(arrivals))
     }.collect().toSeq
   }
 
-  /** The result columns in the order `checksum` hashes them, each as `<label of its input>.<name>`, comma-separated. */
+  /**
+   * The result columns in the order `checksum` hashes them, each as `<label of its input>.<name>`,
+   * comma-separated.
+   */
   def resultColumns: String = exec.output.map { a =>
     s"${labels(exec.children.indexWhere(_.outputSet.contains(a)))}.${a.name}"
   }.mkString(",")
 
-  /** [[replay]] for the Python side: request `{"seed", "checksum", "runs": [{"initialOrder": [labels], "conf": {key: value}}]}`. */
+  /**
+   * [[replay]] for the Python side: request `{"seed", "checksum", "runs": [{"initialOrder":
+   * [labels], "conf": {key: value}}]}`.
+   */
   def replayJson(request: String): String = {
     val json = parse(request)
     val conf = exec.session.sessionState.conf
@@ -89,10 +105,12 @@ final class ArrivalReplay private (exec: UMJoinExec, inputs: RDD[(Int, InternalR
         val order = (item \ "initialOrder") match {
           case JArray(names) => names.map {
             case JString(name) => labels.indexOf(name) match {
-              case -1 => throw new IllegalArgumentException(s"unknown input '$name' in an initial order; the inputs are ${labels.mkString(", ")}")
+              case -1 => throw new IllegalArgumentException(s"unknown input '$name" +
+                s"' in an initial order; the inputs are ${labels.mkString(", ")}")
               case i => i
             }
-            case other => throw new IllegalArgumentException(s"an initial order lists input labels, found ${compact(render(other))}")
+            case other => throw new IllegalArgumentException(
+              s"an initial order lists input labels, found ${compact(render(other))}")
           }
           case _ => throw new IllegalArgumentException("each run needs an initialOrder")
         }
@@ -100,7 +118,8 @@ final class ArrivalReplay private (exec: UMJoinExec, inputs: RDD[(Int, InternalR
         (item \ "conf") match {
           case JObject(fields) => fields.foreach {
             case (key, JString(value)) => runConf.setConfString(key, value)
-            case (key, other) => throw new IllegalArgumentException(s"conf value of $key must be a string, found ${compact(render(other))}")
+            case (key, other) => throw new IllegalArgumentException(
+              s"conf value of $key must be a string, found ${compact(render(other))}")
           }
           case _ =>
         }
@@ -114,9 +133,12 @@ final class ArrivalReplay private (exec: UMJoinExec, inputs: RDD[(Int, InternalR
     compact(render(JArray(results.map { r =>
       JObject(
         "rows" -> JLong(r.rows), "checksum" -> JLong(r.checksum), "seconds" -> JDouble(r.seconds),
-        "probes" -> JLong(r.probes), "matches" -> JLong(r.matches), "routeChanges" -> JLong(r.routeChanges),
+        "probes" -> JLong(r.probes),
+        "matches" -> JLong(r.matches), "routeChanges" -> JLong(r.routeChanges),
         "cycles" -> JLong(r.cycles),
-        "finalOrders" -> JObject(r.finalOrders.zipWithIndex.map { case (order, s) => labels(s) -> JArray(order.map(i => JString(labels(i))).toList) }.toList))
+        "finalOrders" -> JObject(r.finalOrders.zipWithIndex.map { case (order, s) =>
+          labels(s) -> JArray(order.map(i => JString(labels(i))).toList)
+        }.toList))
     }.toList)))
   }
 }
@@ -130,11 +152,15 @@ object ArrivalReplay {
   def prepare(df: Dataset[Row]): ArrivalReplay = {
     val plan = df.queryExecution.executedPlan
     if (plan.isInstanceOf[AdaptiveSparkPlanExec]) {
-      throw new IllegalArgumentException("an arrival replay needs the final plan: set spark.sql.adaptive.enabled=false before preparing it")
+      throw new IllegalArgumentException("an arrival replay needs the final plan: set " +
+        "spark.sql.adaptive.enabled=false before preparing it")
     }
     val exec = plan.collectFirst { case u: UMJoinExec => u }.getOrElse(
-      throw new IllegalArgumentException("the query has no UMJoin to replay: check spark.umjoin.enabled and that it joins at least spark.umjoin.minInputs inputs"))
-    val rdds = exec.children.zipWithIndex.map { case (child, i) => belowExchange(child).execute().map(row => (i, row.copy())) }
+      throw new IllegalArgumentException("the query has no UMJoin to replay: check " +
+        "spark.umjoin.enabled and that it joins at least spark.umjoin.minInputs inputs"))
+    val rdds = exec.children.zipWithIndex.map { case (child, i) =>
+      belowExchange(child).execute().map(row => (i, row.copy()))
+    }
     val inputs = rdds.head.sparkContext.union(rdds).coalesce(1).persist(StorageLevel.MEMORY_ONLY)
     inputs.count()
     new ArrivalReplay(exec, inputs)
@@ -149,7 +175,9 @@ object ArrivalReplay {
 
   /** Every row as (input << 32 | index), in a random order drawn from `seed` (Fisher-Yates). */
   def shuffled(sizes: IndexedSeq[Int], seed: Long): Array[Long] = {
-    val arrivals = sizes.zipWithIndex.flatMap { case (size, i) => (0 until size).map(r => (i.toLong << 32) | r) }.toArray
+    val arrivals = sizes.zipWithIndex.flatMap { case (size, i) =>
+      (0 until size).map(r => (i.toLong << 32) | r)
+    }.toArray
     val random = new java.util.Random(seed)
     for (k <- arrivals.length - 1 to 1 by -1) {
       val j = random.nextInt(k + 1)
@@ -161,7 +189,9 @@ object ArrivalReplay {
   }
 }
 
-/** One replay inside the task: fresh stores, one probe core per input's route, the policy's cycles. */
+/**
+ * One replay inside the task: fresh stores, one probe core per input's route, the policy's cycles.
+ */
 private final class ReplayTask(
     graph: JoinGraph,
     outputs: Seq[Seq[Attribute]],
@@ -174,32 +204,42 @@ private final class ReplayTask(
   private val n = outputs.size
   private val settings = run.settings.probeOrder
   private val indexesOf: IndexedSeq[Seq[StoreIndex]] =
-    (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)).map(StoreIndex.single))
+    (0 until n).map(i =>
+      graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)).map(StoreIndex.single))
   private def metric(): SQLMetric = new SQLMetric("sum")
-  private val metrics = IndexedSeq.fill(n)(InputMetrics(metric(), metric(), metric(), metric(), metric()))
+  private val metrics =
+    IndexedSeq.fill(n)(InputMetrics(metric(), metric(), metric(), metric(), metric()))
   private val storeMetrics = StoreMetrics(metric(), metric(), metric(), metric(), metric())
   private val outputRows = metric()
   private val stores: Map[(Int, StoreIndex), AppendableStore] = (0 until n).flatMap { i =>
-    indexesOf(i).map(index => (i, index) -> JoinStores.appendable(run.settings.stores, outputs(i).size, i, context, storeMetrics))
+    indexesOf(i).map(index => (i, index) -> JoinStores.appendable(run.settings.stores,
+      outputs(i).size, i, context, storeMetrics))
   }.toMap
   private val addTo: IndexedSeq[InternalRow => Unit] = (0 until n).map { i =>
-    JoinStores.adder(indexesOf(i).map(index => stores((i, index))), indexesOf(i).map(UMJoinExec.storeKeys(graph, _, i, outputs(i))), outputs(i))
+    JoinStores.adder(indexesOf(i).map(index => stores((i, index))),
+      indexesOf(i).map(UMJoinExec.storeKeys(graph, _, i, outputs(i))), outputs(i))
   }
-  private val structure = if (run.settings.stores.backend == StateBackend.Memory) StoreStructure.Hash else StoreStructure.Sorted
+  private val structure =
+    if (run.settings.stores.backend == StateBackend.Memory)
+      StoreStructure.Hash else StoreStructure.Sorted
   private val probeGraph = ProbeSteps.graph(graph)
   private val counters = new ProbeCounters(n)
 
-  // A route compiled once: policies often return to a route they left (code generation costs milliseconds).
+  // A route compiled once: policies often return to a route they left (code generation costs
+  // milliseconds).
   private val compiled = mutable.HashMap[Route, ProbeCore]()
   private def core(route: Route): ProbeCore = compiled.getOrElseUpdate(route, new ProbeCore(
-    CompiledRoute(ProbeSteps.along(graph, route, indexesOf), outputs, result, (input, index) => stores((input, index)),
+    CompiledRoute(ProbeSteps.along(graph, route, indexesOf),
+      outputs, result, (input, index) => stores((input, index)),
       UMJoinExec.hashable, metrics, context.partitionId()),
-    Some(metrics(route.start).rowsIn), Some(outputRows), context, Option.when(settings.adaptive)(counters)))
+    Some(metrics(route.start).rowsIn), Some(outputRows), context,
+    Option.when(settings.adaptive)(counters)))
 
   def replay(arrivals: Array[Long]): ReplayResult = {
     val routes = Array.tabulate(n)(s => ProbeOrder.following(probeGraph, s, run.initialOrder))
     val cores = routes.map(core)
-    val router = new AdaptiveRouter(settings, probeGraph, settings.costModel(structure), routes.map(r => r.start -> r).toMap)
+    val router = new AdaptiveRouter(settings, probeGraph, settings.costModel(structure),
+      routes.map(r => r.start -> r).toMap)
     val hash = if (checksum) UnsafeProjection.create(Seq(new XxHash64(result)), result) else null
     var (produced, sum, changes, cycles) = (0L, 0L, 0L, 0L)
     val started = System.nanoTime()
@@ -207,7 +247,8 @@ private final class ReplayTask(
     while (k < arrivals.length) {
       if (settings.adaptive && k > 0 && k % settings.cycleRows == 0 && !counters.isEmpty) {
         cycles += 1
-        router.record(counters, (0 until n).map(i => stores((i, indexesOf(i).head)).keyCount.toDouble))
+        router.record(counters,
+          (0 until n).map(i => stores((i, indexesOf(i).head)).keyCount.toDouble))
         counters.reset()
         router.choose().foreach { s =>
           routes(s) = router.routes(s)
@@ -228,7 +269,7 @@ private final class ReplayTask(
     }
     val seconds = (System.nanoTime() - started) / 1e9
     stores.values.foreach(_.close())
-    ReplayResult(produced, sum, seconds, metrics.map(_.probes.value).sum, metrics.map(_.matches.value).sum, changes, cycles,
-      routes.map(_.order).toSeq)
+    ReplayResult(produced, sum, seconds, metrics.map(_.probes.value).sum,
+      metrics.map(_.matches.value).sum, changes, cycles, routes.map(_.order).toSeq)
   }
 }

@@ -3,8 +3,8 @@ package umjoin.spark.testkit
 import org.apache.spark.sql.api.java.UDF2
 
 /**
- * A Scala UDF as costly as an image-similarity test (paper 004's predicate): each call busy-waits
- * `SlowSimilarity.CallMicros`, then answers as [[CountedSimilarity]] does. Register with
+ * A Scala UDF as costly as an image-similarity test (PSP's predicate, paper 004): each call
+ * busy-waits `SlowSimilarity.CallMicros`, then answers as [[CountedSimilarity]] does. Register with
  * `spark.udf.registerJavaFunction(name, "umjoin.spark.testkit.SlowSimilarity", BooleanType())`.
  */
 final class SlowSimilarity extends UDF2[java.lang.Long, java.lang.Long, java.lang.Boolean] {

@@ -7,16 +7,21 @@ import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.{QueryExecution, SparkPlan}
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.{StreamingSymmetricHashJoinExec, SymmetricHashJoinStateManager}
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinHelper.{LeftSide, RightSide}
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
+  StreamingSymmetricHashJoinExec, SymmetricHashJoinStateManager}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join
+  .StreamingSymmetricHashJoinHelper.{LeftSide, RightSide}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec,
+  NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider,
+  StateStoreProviderId}
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
 import umjoin.spark.streaming.{InputState, InputStateConf, StoreSchema, StreamingUMJoinExec}
 
 /** One state store of a streaming query's operator in one partition, as its operator opens it. */
-final case class StateStoreOnDisk(checkpoint: String, operatorId: Long, partition: Int, name: String, keySchema: StructType,
+final case class StateStoreOnDisk(checkpoint: String, operatorId: Long,
+    partition: Int, name: String, keySchema: StructType,
     valueSchema: StructType, keyEncoding: KeyStateEncoderSpec, conf: StateStoreConf)
 
 /**
@@ -28,45 +33,52 @@ final case class StateStoreOnDisk(checkpoint: String, operatorId: Long, partitio
  */
 object StateSizes {
 
-  /** Every store of the plan's stream-stream joins (format 1 or 2 of Spark's join state) and StreamingUMJoins. */
+  /**
+   * Every store of the plan's stream-stream joins (format 1 or 2 of Spark's join state) and
+   * StreamingUMJoins.
+   */
   def stores(session: SparkSession, plan: SparkPlan): Seq[StateStoreOnDisk] = {
     val sparkConf = new StateStoreConf(session.sessionState.conf)
     val umjoinConfs = InputStateConf(session.sessionState.conf)
     plan.collect {
       case join: StreamingSymmetricHashJoinExec =>
         require(Set(1, 2).contains(join.stateFormatVersion),
-          s"Spark's join state format ${join.stateFormatVersion} keeps its stores otherwise; measured here: formats 1 and 2")
+          s"Spark's join state format ${join.stateFormatVersion}" +
+            " keeps its stores otherwise; measured here: formats 1 and 2")
         val info = join.getStateInfo
-        val schemas = Seq(LeftSide -> (join.left.output, join.leftKeys), RightSide -> (join.right.output, join.rightKeys)).flatMap {
-          case (side, (attributes, keys)) =>
-            SymmetricHashJoinStateManager.getSchemaForStateStores(side, attributes, keys, join.stateFormatVersion).toSeq
-        }
+        val schemas = Seq(LeftSide -> (join.left.output, join.leftKeys),
+          RightSide -> (join.right.output, join.rightKeys)).flatMap {
+            case (side, (attributes, keys)) =>
+              SymmetricHashJoinStateManager.getSchemaForStateStores(side, attributes, keys,
+                join.stateFormatVersion).toSeq
+          }
         for (partition <- 0 until info.numPartitions; (name, (keySchema, valueSchema)) <- schemas)
-          yield StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, name, keySchema, valueSchema,
-            NoPrefixKeyStateEncoderSpec(keySchema), sparkConf)
+          yield StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, name,
+            keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), sparkConf)
       case umjoin: StreamingUMJoinExec =>
         val info = umjoin.getStateInfo
         val schemas: Seq[(StoreSchema, StateStoreConf)] = umjoin.stateSpecs.flatMap { spec =>
           (spec.rowStore -> umjoinConfs.rows) +: spec.indexStores.map(_ -> umjoinConfs.indexes)
         }
         for (partition <- 0 until info.numPartitions; (store, conf) <- schemas)
-          yield StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, store.name, store.keySchema, store.valueSchema,
-            InputState.keyEncoding(store.keySchema), conf)
+          yield StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, store.name,
+            store.keySchema, store.valueSchema, InputState.keyEncoding(store.keySchema), conf)
     }.flatten
   }
 
   /**
-   * The rows each store of a streaming query's `execution` (its last) held in each partition after micro-batch `batchId`:
-   * `[{"store": name, "partition": p, "rows": r}, ...]`.
+   * The rows each store of a streaming query's `execution` (its last) held in each partition after
+   * micro-batch `batchId`: `[{"store": name, "partition": p, "rows": r}, ...]`.
    */
   def perPartitionJson(execution: QueryExecution, batchId: Long): String = {
     val session = execution.sparkSession
     val hadoopConf = new SerializableConfiguration(session.sessionState.newHadoopConf())
     val all = stores(session, execution.executedPlan)
     val rows = session.sparkContext.parallelize(all, math.max(1, all.size)).map { store =>
-      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId, store.partition, store.name), UUID.randomUUID())
-      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema, store.keyEncoding,
-        false, store.conf, hadoopConf.value, false, None)
+      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId,
+        store.partition, store.name), UUID.randomUUID())
+      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema,
+        store.keyEncoding, false, store.conf, hadoopConf.value, false, None)
       try {
         val read = provider.getReadStore(batchId + 1, None)
         try (store.name, store.partition, read.iterator().size) finally read.release()
@@ -78,9 +90,10 @@ object StateSizes {
   }
 
   /**
-   * Per micro-batch of `batchIds`, the rows and bytes of every store of a streaming query's `execution` (its last) as the batch committed
-   * them, summed: `[{"batch": b, "rows": r, "bytes": n}, ...]`. Each store is opened from the
-   * checkpoint by a provider of its own and closed after it is read.
+   * Per micro-batch of `batchIds`, the rows and bytes of every store of a streaming query's
+   * `execution` (its last) as the batch committed them, summed: `[{"batch": b, "rows": r, "bytes":
+   * n}, ...]`. Each store is opened from the checkpoint by a provider of its own and closed after
+   * it is read.
    */
   def perBatchJson(execution: QueryExecution, batchIds: Array[Long]): String = {
     // The query's own session: its settings (the state store provider) as the query started.
@@ -89,10 +102,12 @@ object StateSizes {
     val all = stores(session, execution.executedPlan)
     val versions = batchIds.toSeq.sorted
     val sizes = session.sparkContext.parallelize(all, math.max(1, all.size)).flatMap { store =>
-      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId, store.partition, store.name), UUID.randomUUID())
-      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema, store.keyEncoding,
-        false, store.conf, hadoopConf.value, false, None)
-      // In ascending order, so that a provider replaying changes goes on from the version it read before.
+      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId,
+        store.partition, store.name), UUID.randomUUID())
+      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema,
+        store.keyEncoding, false, store.conf, hadoopConf.value, false, None)
+      // In ascending order, so that a provider replaying changes goes on from the version it read
+      // before.
       try versions.map { batch =>
         // Batch b commits version b + 1 of each store.
         val read = provider.getReadStore(batch + 1, None)
@@ -108,7 +123,8 @@ object StateSizes {
       } finally provider.close()
     }.collect().groupBy(_._1).toSeq.sortBy(_._1)
     compact(render(JArray(sizes.toList.map { case (batch, perStore) =>
-      JObject("batch" -> JLong(batch), "rows" -> JLong(perStore.map(_._2._1).sum), "bytes" -> JLong(perStore.map(_._2._2).sum))
+      JObject("batch" -> JLong(batch), "rows" -> JLong(perStore.map(_._2._1).sum),
+        "bytes" -> JLong(perStore.map(_._2._2).sum))
     })))
   }
 }

@@ -33,22 +33,27 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
     plan match {
-      // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans them.
+      // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans
+      // them.
       case join: Join if conf.enabled && !join.isStreaming =>
-        new GroupSplitting[LogicalPlan, UMJoinPlan](tsc, patterns.roleOf, _ => conf.minInputsOf(timeSliced = false), tryPlan, probesBeforeShuffle).groupAt(join) match {
-          case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
-          case Left(reason) =>
-            explainRefusal(join, if (reason == GroupSplitting.NotAGroupRoot) patterns.whyNot(join) else Some(reason))
-            Nil
-        }
+        new GroupSplitting[LogicalPlan, UMJoinPlan](tsc,
+          patterns.roleOf, _ => conf.minInputsOf(timeSliced = false), tryPlan, probesBeforeShuffle)
+          .groupAt(join) match {
+            case Right((group, umjoin)) => Seq(exec(group, umjoin, conf.probeOrder))
+            case Left(reason) =>
+              explainRefusal(join,
+                if (reason == GroupSplitting.NotAGroupRoot) patterns.whyNot(join) else Some(reason))
+              Nil
+          }
       case _ => Nil
     }
   }
 
   /**
    * Says once per query why a join stays as Spark plans it: at INFO, and as a tag on the logical
-   * join that `umjoin.plans.why_not` and `explain("extended")` read ([[BatchUMJoinStrategy.whyNot]]).
-   * A join that is a member of a group rooted above it has no reason of its own (None).
+   * join that `umjoin.plans.why_not` and `explain("extended")` read
+   * ([[BatchUMJoinStrategy.whyNot]]). A join that is a member of a group rooted above it has no
+   * reason of its own (None).
    */
   private def explainRefusal(join: Join, reason: Option[String]): Unit = reason.foreach { why =>
     // AQE re-plans copies of the same logical joins, which carry the tag: said once.
@@ -61,15 +66,20 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
   /** The plan this group runs with, or why it cannot run as one UMJoin. */
   private def tryPlan(group: MultiJoinGroup[LogicalPlan]): Either[String, UMJoinPlan] = {
     val inputs = group.inputs
-    def conditionOf(j: Join): Seq[Expression] = j.condition.toSeq.flatMap(splitConjunctivePredicates)
-    // A semi, anti or outer join's non-preserved side stays one input of the group (TSC keeps it out):
-    // the input a semi or anti join filters by, or an outer join pads with NULLs where nothing matches.
+    def conditionOf(j: Join): Seq[Expression] =
+      j.condition.toSeq.flatMap(splitConjunctivePredicates)
+    // A semi, anti or outer join's non-preserved side stays one input of the group (TSC keeps it
+    // out): the input a semi or anti join filters by, or an outer join pads with NULLs where
+    // nothing matches.
     val filterJoins = group.members.collect {
-      case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti => FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, conditionOf(j))
+      case j: Join if j.joinType == LeftSemi || j.joinType == LeftAnti =>
+        FilterJoin(inputs.indexWhere(_ eq j.right), j.joinType, conditionOf(j))
     }
     val outerJoins = group.members.collect {
-      case j: Join if j.joinType == LeftOuter => OuterJoin(inputs.indexWhere(_ eq j.right), conditionOf(j))
-      case j: Join if j.joinType == RightOuter => OuterJoin(inputs.indexWhere(_ eq j.left), conditionOf(j))
+      case j: Join if j.joinType == LeftOuter =>
+        OuterJoin(inputs.indexWhere(_ eq j.right), conditionOf(j))
+      case j: Join if j.joinType == RightOuter =>
+        OuterJoin(inputs.indexWhere(_ eq j.left), conditionOf(j))
     }
     val conjuncts = group.members.flatMap {
       case j: Join if j.joinType == Inner || j.joinType == Cross => conditionOf(j)
@@ -78,46 +88,58 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     }
     val sqlConf = session.sessionState.conf
     for {
-      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output, filterJoins, outerJoins)
-      facts = inputs.map(i => InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
+      graph <- JoinGraph.build(inputs.map(_.output), conjuncts, group.root.output,
+        filterJoins, outerJoins)
+      facts = inputs.map(i =>
+        InputFacts(sizeForStreaming(i), canBroadcastBySize(i, sqlConf), isBroadcastStage(i)))
       plans <- UMJoinPlan.candidates(graph, facts, UMJoinConf.from(sqlConf).probeOrder.adaptive)
       plan <- plans.find(keepsExistingBroadcasts(inputs, _))
-        .toRight("an input broadcast earlier in this query was broadcast for a join Spark plans itself")
+        .toRight("an input broadcast earlier in this query was broadcast for a join Spark " +
+          "plans itself")
     } yield plan
   }
 
   /**
-   * Probes that reduce a shuffle happen before it. When the group is co-partitioned and Spark's join
-   * tree joins one shuffled input with broadcast inputs only in a subtree, one of them filtered (a
-   * selective probe: TPC-H's `part` by type or name), the group is cut above the largest such
-   * subtree: those joins then run before the exchange, as in Spark's own plan, and only their
-   * smaller result is shuffled. Unfiltered broadcast inputs usually multiply rows, so with them the
-   * whole group stays one UMJoin and its inputs are shuffled as they are.
+   * Probes that reduce a shuffle happen before it. When the group is co-partitioned and Spark's
+   * join tree joins one shuffled input with broadcast inputs only in a subtree, one of them
+   * filtered (a selective probe: TPC-H's `part` by type or name), the group is cut above the
+   * largest such subtree: those joins then run before the exchange, as in Spark's own plan, and
+   * only their smaller result is shuffled. Unfiltered broadcast inputs usually multiply rows, so
+   * with them the whole group stays one UMJoin and its inputs are shuffled as they are.
    */
-  private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
+  private def probesBeforeShuffle(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan,
+      cuts: Seq[Cut[LogicalPlan]]): Option[Cut[LogicalPlan]] = {
     def shuffled(i: Int): Boolean = plan.placements(i).isInstanceOf[InputPlacement.HashPartitioned]
     def broadcast(i: Int): Boolean = plan.placements(i) == InputPlacement.Broadcast
     def beforeShuffle(cut: Cut[LogicalPlan]): Boolean =
-      cut.inputsBelow.count(shuffled) == 1 && cut.inputsBelow.forall(i => shuffled(i) || broadcast(i)) &&
+      cut.inputsBelow.count(shuffled) == 1 &&
+        cut.inputsBelow.forall(i => shuffled(i) || broadcast(i)) &&
         cut.inputsBelow.exists(i => broadcast(i) && isFiltered(group.inputs(i)))
-    if (group.inputs.indices.exists(shuffled)) cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
+    if (group.inputs.indices.exists(shuffled))
+      cuts.filter(beforeShuffle).maxByOption(_.inputsBelow.size) else None
   }
 
   /**
    * An input's size as the choice of the streamed input needs it: Spark's estimate, except that a
    * join below is taken to be no larger than its larger side. Without cost-based statistics Spark
    * estimates an inner join as the product of its sides, which would stream a filtered customer
-   * and orders (TPC-H Q5) and store all of lineitem; the joins inputs are made of are mostly on keys.
+   * and orders (TPC-H Q5) and store all of lineitem; the joins inputs are made of are mostly on
+   * keys.
    */
   private def sizeForStreaming(input: LogicalPlan): BigInt = input match {
     case j: Join => sizeForStreaming(j.left).max(sizeForStreaming(j.right)).min(j.stats.sizeInBytes)
-    case p if p.children.size == 1 && p.exists(_.isInstanceOf[Join]) => sizeForStreaming(p.children.head).min(p.stats.sizeInBytes)
+    case p if p.children.size == 1 && p.exists(_.isInstanceOf[Join]) =>
+      sizeForStreaming(p.children.head).min(p.stats.sizeInBytes)
     case p => p.stats.sizeInBytes
   }
 
-  /** Whether the input keeps only some of its rows: a filter beyond `IS NOT NULL` (which Spark adds for join keys). */
+  /**
+   * Whether the input keeps only some of its rows: a filter beyond `IS NOT NULL` (which Spark adds
+   * for join keys).
+   */
   private def isFiltered(input: LogicalPlan): Boolean = input.exists {
-    case Filter(condition, _) => splitConjunctivePredicates(condition).exists(!_.isInstanceOf[IsNotNull])
+    case Filter(condition, _) =>
+      splitConjunctivePredicates(condition).exists(!_.isInstanceOf[IsNotNull])
     case stage: LogicalQueryStage => isFiltered(stage.logicalPlan)
     case _ => false
   }
@@ -137,12 +159,14 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       inputs(i) match {
         case LogicalQueryStage(_, stage: BroadcastQueryStageExec) =>
           plan.placements(i) == InputPlacement.Broadcast && stage.outputPartitioning.satisfies(
-            BroadcastDistribution(UMJoinExec.broadcastMode(plan.graph, plan.indexes(i), i, stage.output)))
+            BroadcastDistribution(UMJoinExec.broadcastMode(plan.graph, plan.indexes(i), i,
+              stage.output)))
         case _ => true
       }
     }
 
-  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan, probeOrder: ProbeOrderSettings): UMJoinExec = {
+  private def exec(group: MultiJoinGroup[LogicalPlan], plan: UMJoinPlan,
+      probeOrder: ProbeOrderSettings): UMJoinExec = {
     val (graphShape, graphExpressions) = plan.graph.split
     UMJoinExec(
       output = group.root.output,
@@ -167,7 +191,8 @@ object BatchUMJoinStrategy {
 
   /** A join as people name it: its type, the tables on each side, and its condition. */
   def describe(join: Join): String =
-    s"the ${join.joinType.sql} join of ${InputLabels.of(join.left)} and ${InputLabels.of(join.right)}" +
+    s"the ${join.joinType.sql}" +
+      s" join of ${InputLabels.of(join.left)} and ${InputLabels.of(join.right)}" +
       join.condition.map(c => s" on ${c.sql}").getOrElse(" without a condition")
 
   /**

@@ -11,10 +11,12 @@ object InputLabels {
 
   private def leafNames(plan: LogicalPlan): Seq[String] = plan match {
     case stage: LogicalQueryStage => leafNames(stage.logicalPlan)
-    case r: LogicalRelation => Seq(r.catalogTable.map(_.identifier.table).getOrElse(r.relation match {
-      case fs: HadoopFsRelation => fs.location.rootPaths.headOption.map(p => baseName(p.getName)).getOrElse("files")
-      case other => other.getClass.getSimpleName
-    }))
+    case r: LogicalRelation =>
+      Seq(r.catalogTable.map(_.identifier.table).getOrElse(r.relation match {
+        case fs: HadoopFsRelation =>
+          fs.location.rootPaths.headOption.map(p => baseName(p.getName)).getOrElse("files")
+        case other => other.getClass.getSimpleName
+      }))
     case leaf if leaf.children.isEmpty => Seq(leaf.nodeName)
     case other => other.children.flatMap(leafNames)
   }

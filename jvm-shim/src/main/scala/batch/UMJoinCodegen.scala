@@ -2,8 +2,10 @@ package umjoin.spark.batch
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BindReferences, BoundReference, Expression}
-import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode, GenerateUnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, BindReferences,
+  BoundReference, Expression}
+import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode,
+  GenerateUnsafeProjection}
 import org.apache.spark.sql.execution.CodegenSupport
 
 import umjoin.spark.core.ZippedInputsRDD
@@ -39,14 +41,17 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
   override def inputRDDs(): Seq[RDD[InternalRow]] = {
     val streamedRDDs = children(streamed).asInstanceOf[CodegenSupport].inputRDDs()
     val partitioned = children.indices.filter(i => i != streamed && !broadcast(i))
-    val (storesOf, probed, planId) = (taskStores, initialPlan.steps.map(s => (s.input, s.index)), id)
+    val (storesOf, probed, planId) =
+      (taskStores, initialPlan.steps.map(s => (s.input, s.index)), id)
     // An empty store filters nothing at an anti join, and pads every combination at an outer join.
     val emptyEndsAll = initialPlan.steps.map(_.rule.emptyStoreEndsAll).toArray
-    val zipped = new ZippedInputsRDD[Any, Any]((streamedRDDs.head +: partitioned.map(children(_).execute())).map(_.asInstanceOf[RDD[Any]]), {
-      (context, iterators) =>
-        val indexOf = storesOf(context, i => iterators(1 + partitioned.indexOf(i)).asInstanceOf[Iterator[InternalRow]])
-        new StoredInputs(planId, probed.map(indexOf).toArray, emptyEndsAll, iterators(0))
-    })
+    val zipped = new ZippedInputsRDD[Any, Any]((streamedRDDs.head +:
+      partitioned.map(children(_).execute())).map(_.asInstanceOf[RDD[Any]]), {
+        (context, iterators) =>
+          val indexOf = storesOf(context,
+            i => iterators(1 + partitioned.indexOf(i)).asInstanceOf[Iterator[InternalRow]])
+          new StoredInputs(planId, probed.map(indexOf).toArray, emptyEndsAll, iterators(0))
+      })
     zipped.asInstanceOf[RDD[InternalRow]] +: streamedRDDs.tail
   }
 
@@ -57,8 +62,10 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
 
   override def doProduce(ctx: CodegenContext): String = {
     val steps = initialPlan.steps
-    storeFields = steps.map(s => ctx.addMutableState(classOf[JoinStore].getName, s"store${s.input}", forceInline = true)).toIndexedSeq
-    uniqueFields = steps.map(s => ctx.addMutableState("boolean", s"unique${s.input}", forceInline = true)).toIndexedSeq
+    storeFields = steps.map(s => ctx.addMutableState(classOf[JoinStore].getName, s"store${s.input}",
+      forceInline = true)).toIndexedSeq
+    uniqueFields = steps.map(s =>
+      ctx.addMutableState("boolean", s"unique${s.input}", forceInline = true)).toIndexedSeq
     val (ready, anyEmpty) = (ctx.addMutableState("boolean", "storesReady", forceInline = true),
       ctx.addMutableState("boolean", "anyStoreEmpty", forceInline = true))
     val stored = ctx.freshName("stored")
@@ -68,7 +75,8 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
     val planId = ctx.addReferenceObj("umjoinPlanId", Integer.valueOf(id), "java.lang.Integer")
     // Read when this UMJoin's rows start, not when the task starts: under a generated Union,
     // `inputs[0]` is another child's input in the partitions of that child.
-    val bind = steps.indices.map(k => s"${storeFields(k)} = $stored.step($k);\n${uniqueFields(k)} = ${storeFields(k)}.keysAreUnique();")
+    val bind = steps.indices.map(k => s"${storeFields(k)} = $stored.step($k);\n${uniqueFields(k)}" +
+      s" = ${storeFields(k)}.keysAreUnique();")
     // A store without rows: no combination can complete, so the streamed rows are not even read.
     s"""
        |if (!$ready) {
@@ -87,8 +95,12 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
     val plan = initialPlan
     val (storeTerms, uniqueTerms) = (storeFields, uniqueFields)
 
-    /** Code checking `conditions` on the rows bound (attributes `attrs`, variables `vars`); runs `body` if they hold. */
-    def where(conditions: Seq[Expression], attrs: Seq[Attribute], vars: Seq[ExprCode], body: => String): String =
+    /**
+     * Code checking `conditions` on the rows bound (attributes `attrs`, variables `vars`); runs
+     * `body` if they hold.
+     */
+    def where(conditions: Seq[Expression], attrs: Seq[Attribute], vars: Seq[ExprCode],
+        body: => String): String =
       conditions.reduceOption(And) match {
         case None => body
         case Some(condition) =>
@@ -105,7 +117,10 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
            """.stripMargin
       }
 
-    /** Code for steps k.. of the route, the route's first k + 1 inputs being bound (`attrs`, `vars`). */
+    /**
+     * Code for steps k.. of the route, the route's first k + 1 inputs being bound (`attrs`,
+     * `vars`).
+     */
     def steps(k: Int, attrs: Seq[Attribute], vars: Seq[ExprCode]): String =
       if (k == plan.steps.size) {
         val outputVars = output.map(a => vars(attrs.indexWhere(_.exprId == a.exprId)))
@@ -117,31 +132,41 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
         val step = plan.steps(k)
         val input = step.input
         val probeKeys = UMJoinExec.hashable(step.probeKeys)
-        // A filter's steps go on after its loop: the bound rows' columns its conditions read are evaluated before it.
-        val used = probeKeys.flatMap(_.references) ++ (if (step.rule.binds) Nil else step.conditions.flatMap(_.references))
+        // A filter's steps go on after its loop: the bound rows' columns its conditions read are
+        // evaluated before it.
+        val used = probeKeys.flatMap(_.references) ++
+          (if (step.rule.binds) Nil else step.conditions.flatMap(_.references))
         val keyInputs = evaluateRequiredVariables(attrs, vars, AttributeSet(used))
         ctx.currentVars = vars
         ctx.INPUT_ROW = null
-        val key = GenerateUnsafeProjection.createCode(ctx, BindReferences.bindReferences(probeKeys, attrs))
-        val (matches, one, found, storedRow) = (ctx.freshName("matches"), ctx.freshName("one"), ctx.freshName("found"), ctx.freshName("storedRow"))
+        val key =
+          GenerateUnsafeProjection.createCode(ctx, BindReferences.bindReferences(probeKeys, attrs))
+        val (matches, one, found, storedRow) = (ctx.freshName("matches"), ctx.freshName("one"),
+          ctx.freshName("found"), ctx.freshName("storedRow"))
         ctx.INPUT_ROW = storedRow
         ctx.currentVars = null
         val storedAttrs = boundOutputs(step.input)
-        val storedVars = storedAttrs.zipWithIndex.map { case (a, i) => BoundReference(i, a.dataType, a.nullable).genCode(ctx) }
+        val storedVars = storedAttrs.zipWithIndex.map { case (a, i) =>
+          BoundReference(i, a.dataType, a.nullable).genCode(ctx)
+        }
         val (nextAttrs, nextVars) = (attrs ++ storedAttrs, vars ++ storedVars)
-        // An outer step's combinations go on from two places, each matching row and the NULL row: the
-        // bound rows' columns are evaluated before both, and the rest of the route is generated for each.
+        // An outer step's combinations go on from two places, each matching row and the NULL row:
+        // the bound rows' columns are evaluated before both, and the rest of the route is generated
+        // for each.
         val anyMatch = ctx.freshName("anyMatch")
         val (evaluatedForBoth, outerDeclarations) =
-          if (step.rule.noMatch == StepRule.Padded) (evaluateVariables(vars), s"boolean $anyMatch = false;") else ("", "")
+          if (step.rule.noMatch == StepRule.Padded)
+            (evaluateVariables(vars), s"boolean $anyMatch = false;") else ("", "")
         def goesOn(rowVars: Seq[ExprCode]): String = s"""
              |$found++;
              |${steps(k + 1, attrs ++ storedAttrs, vars ++ rowVars)}
            """.stripMargin
-        // What a match and its absence do, as the step's rule says (the interpreted loop follows the same rule).
+        // What a match and its absence do, as the step's rule says (the interpreted loop follows
+        // the same rule).
         val rule = step.rule
         val matchedCount = s"${metricTerm(ctx, InputMetrics.matches(input))}.add(1);"
-        // A step that stops at its first match only notes it; the combination goes on (or not) after the loop.
+        // A step that stops at its first match only notes it; the combination goes on (or not)
+        // after the loop.
         def matched: String =
           if (rule.firstMatchOnly) s"$matchedCount\n$found++;\nbreak;"
           else if (step.firstMatchDecides) s"$matchedCount\n$anyMatch = true;\nbreak;"
@@ -165,7 +190,8 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
                |if ($found == 0L) $earlyStop
              """.stripMargin
           } else s"if ($found == 0L) $earlyStop"
-        // Rows of the store stay valid until its next lookup, so a match is used before the next is read.
+        // Rows of the store stay valid until its next lookup, so a match is used before the next is
+        // read.
         s"""
            |${metricTerm(ctx, InputMetrics.probes(input))}.add(1);
            |$keyInputs
@@ -208,7 +234,8 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
  * as it comes, with the task's stores in route order (`step(k)` is probed at step k). A UMJoin
  * streaming another one in the same generated code wraps that one's: each finds its own by plan id.
  */
-final class StoredInputs(planId: Int, stores: Array[JoinStore], emptyEndsAll: Array[Boolean], rows: Iterator[Any]) extends Iterator[Any] {
+final class StoredInputs(planId: Int, stores: Array[JoinStore], emptyEndsAll: Array[Boolean],
+    rows: Iterator[Any]) extends Iterator[Any] {
   def of(id: Int): StoredInputs =
     if (id == planId) this
     else rows match {

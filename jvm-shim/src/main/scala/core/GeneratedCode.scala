@@ -4,33 +4,37 @@ import java.util.concurrent.{ConcurrentHashMap, ConcurrentLinkedQueue}
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences, Expression, Nondeterministic, Predicate, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BasePredicate, BindReferences,
+  Expression, Nondeterministic, Predicate, UnsafeProjection}
 
 /**
  * The predicates and projections a UMJoin's tasks generate, kept per executor and handed to the
  * next task that asks for the same expressions over the same input: a task takes an instance no
  * running task holds and gives it back when it ends.
  *
- * Why: Spark caches compiled classes by their code, 100 of them (spark.sql.codegen.cache.maxEntries,
- * fixed when the JVM starts). A multi-way join compiles a condition and a key projection per
- * step of every route, hundreds for a 10-way join, so the cache turns over within every task and
- * each task compiled them all again (half the task time of a 10-way streaming chain).
- * Deterministic expressions only: a nondeterministic one keeps per-partition state.
+ * Why: Spark caches compiled classes by their code, 100 of them
+ * (spark.sql.codegen.cache.maxEntries, fixed when the JVM starts). A multi-way join compiles a
+ * condition and a key projection per step of every route, hundreds for a 10-way join, so the cache
+ * turns over within every task and each task compiled them all again (half the task time of a
+ * 10-way streaming chain). Deterministic expressions only: a nondeterministic one keeps
+ * per-partition state.
  */
 object GeneratedCode {
-  // Bound to their input's ordinals: the same condition planned again in a later micro-batch (new expression ids) finds its code.
+  // Bound to their input's ordinals: the same condition planned again in a later micro-batch (new
+  // expression ids) finds its code.
   private final case class Key(kind: String, bound: Seq[Expression])
 
   private val free = new ConcurrentHashMap[Key, ConcurrentLinkedQueue[AnyRef]]()
-  // Conditions holding a micro-batch's watermark are interpreted (below), not pooled; should other expressions change
-  // from batch to batch, the pool forgets everything now and then, so that it pins few generated classes (a 10-way
-  // chain's routes need about 500 keys).
+  // Conditions holding a micro-batch's watermark are interpreted (below), not pooled; should other
+  // expressions change from batch to batch, the pool forgets everything now and then, so that it
+  // pins few generated classes (a 10-way chain's routes need about 500 keys).
   private val MaxKeys = 1024
 
   /** `condition` over `input`, initialized for `partition`. */
   def predicate(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
     val bound = BindReferences.bindReference(condition, input)
-    val p = reused(Key("predicate", Seq(bound)), condition.deterministic, () => Predicate.create(bound))
+    val p =
+      reused(Key("predicate", Seq(bound)), condition.deterministic, () => Predicate.create(bound))
     p.initialize(partition)
     p
   }
@@ -60,7 +64,8 @@ object GeneratedCode {
   /** `expressions` over `input`, as an UnsafeProjection. */
   def projection(expressions: Seq[Expression], input: Seq[Attribute]): UnsafeProjection = {
     val bound = BindReferences.bindReferences(expressions, input)
-    reused(Key("projection", bound), expressions.forall(_.deterministic), () => UnsafeProjection.create(bound))
+    reused(Key("projection", bound), expressions.forall(_.deterministic),
+      () => UnsafeProjection.create(bound))
   }
 
   private def reused[T <: AnyRef](key: Key, shareable: Boolean, create: () => T): T = {

@@ -24,7 +24,8 @@ final class GroupSplitting[T <: TreeNode[T], P](
     roleOf: T => Option[MemberRole],
     minInputs: MultiJoinGroup[T] => Int,
     tryPlan: MultiJoinGroup[T] => Either[String, P],
-    preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]] = (_: MultiJoinGroup[T], _: P, _: Seq[Cut[T]]) => None) {
+    preferredCut: (MultiJoinGroup[T], P, Seq[Cut[T]]) => Option[Cut[T]] =
+      (_: MultiJoinGroup[T], _: P, _: Seq[Cut[T]]) => None) {
   import GroupSplitting.NotAGroupRoot
 
   /** Either the group rooted at `root` with its accepted plan, or why `root` is not converted. */
@@ -36,33 +37,39 @@ final class GroupSplitting[T <: TreeNode[T], P](
     // Why the whole group could not run as one.
     var whole: Option[String] = None
 
-    def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] = rootGroup(splitAt) match {
-      case None => Left(NotAGroupRoot)
-      case Some(group) if group.inputs.size < minInputs(group) =>
-        Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs (${minInputs(group)})")
-      case Some(group) => tryPlan(group) match {
-        case Right(plan) => preferredCut(group, plan, cuts(group, roleOf)) match {
-          case Some(cut) => attempt(splitAt :+ cut.node)
-          case None => Right((group, plan))
-        }
-        case Left(reason) =>
-          if (splitAt.isEmpty) whole = Some(reason)
-          // Try each possible cut once; keep the one leaving the most inputs that plans, else the
-          // one leaving the most inputs, and go on from there (a group too small to convert is not planned).
-          val possible = cuts(group, roleOf)
-          if (possible.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
-          else {
-            val scored = possible.map { cut =>
-              val rest = rootGroup(splitAt :+ cut.node)
-              (cut, rest.exists(g => g.inputs.size >= minInputs(g) && tryPlan(g).isRight), rest.map(_.inputs.size).getOrElse(0))
-            }
-            val best = scored.maxBy { case (_, plans, size) => (plans, size) }
-            attempt(splitAt :+ best._1.node)
+    def attempt(splitAt: Seq[T]): Either[String, (MultiJoinGroup[T], P)] =
+      rootGroup(splitAt) match {
+        case None => Left(NotAGroupRoot)
+        case Some(group) if group.inputs.size < minInputs(group) =>
+          Left(s"its group has ${group.inputs.size} inputs, fewer than spark.umjoin.minInputs (" +
+            s"${minInputs(group)})")
+        case Some(group) => tryPlan(group) match {
+          case Right(plan) => preferredCut(group, plan, cuts(group, roleOf)) match {
+            case Some(cut) => attempt(splitAt :+ cut.node)
+            case None => Right((group, plan))
           }
+          case Left(reason) =>
+            if (splitAt.isEmpty) whole = Some(reason)
+            // Try each possible cut once; keep the one leaving the most inputs that plans, else the
+            // one leaving the most inputs, and go on from there (a group too small to convert is
+            // not planned).
+            val possible = cuts(group, roleOf)
+            if (possible.isEmpty) Left(s"the group cannot run as one UMJoin: $reason")
+            else {
+              val scored = possible.map { cut =>
+                val rest = rootGroup(splitAt :+ cut.node)
+                (cut, rest.exists(g => g.inputs.size >= minInputs(g) && tryPlan(g).isRight),
+                  rest.map(_.inputs.size).getOrElse(0))
+              }
+              val best = scored.maxBy { case (_, plans, size) => (plans, size) }
+              attempt(splitAt :+ best._1.node)
+            }
+        }
       }
-    }
-    // The reason the whole group could not run decides; what splitting then ran into is a consequence.
-    attempt(Nil).left.map(reason => whole.fold(reason)(first => s"the group cannot run as one UMJoin: $first"))
+    // The reason the whole group could not run decides; what splitting then ran into is a
+    // consequence.
+    attempt(Nil).left.map(reason =>
+      whole.fold(reason)(first => s"the group cannot run as one UMJoin: $first"))
   }
 
   /**
@@ -71,7 +78,8 @@ final class GroupSplitting[T <: TreeNode[T], P](
    * (`TwoStepConvert.getMultiJoinNode`), which replaces exactly these groups. `declined` hears of
    * every group root left as it is, with the reason.
    */
-  def acceptedGroups(root: T, declined: (T, String) => Unit = (_: T, _: String) => ()): Seq[(MultiJoinGroup[T], P)] = {
+  def acceptedGroups(root: T,
+      declined: (T, String) => Unit = (_: T, _: String) => ()): Seq[(MultiJoinGroup[T], P)] = {
     def accepted(node: T): Seq[(MultiJoinGroup[T], P)] = groupAt(node) match {
       case Right((group, plan)) => (group, plan) +: group.inputs.flatMap(accepted)
       case Left(reason) =>

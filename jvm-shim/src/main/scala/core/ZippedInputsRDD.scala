@@ -5,7 +5,8 @@ import scala.reflect.ClassTag
 import org.apache.spark.{OneToOneDependency, Partition, TaskContext}
 import org.apache.spark.rdd.RDD
 
-private final class ZippedInputsPartition(override val index: Int, val inputs: Seq[Partition]) extends Partition
+private final class ZippedInputsPartition(override val index: Int, val inputs: Seq[Partition])
+  extends Partition
 
 /**
  * Partition i of every input, handed to `f` together: the co-partitioned inputs of a UMJoin.
@@ -23,7 +24,8 @@ final class ZippedInputsRDD[T: ClassTag, U: ClassTag](
 
   override protected def getPartitions: Array[Partition] = {
     val counts = inputs.map(_.getNumPartitions).distinct
-    require(counts.size == 1, s"UMJoin inputs must be co-partitioned, got partition counts ${counts.mkString(", ")}")
+    require(counts.size == 1,
+      s"UMJoin inputs must be co-partitioned, got partition counts ${counts.mkString(", ")}")
     Array.tabulate(counts.head)(i => new ZippedInputsPartition(i, inputs.map(_.partitions(i))))
   }
 
@@ -36,7 +38,8 @@ final class ZippedInputsRDD[T: ClassTag, U: ClassTag](
   override def getPreferredLocations(split: Partition): Seq[String] =
     preferred.map(_(split.index)).filter(_.nonEmpty).getOrElse {
       val partition = split.asInstanceOf[ZippedInputsPartition]
-      dependencies.zip(partition.inputs).flatMap { case (dep, p) => dep.rdd.preferredLocations(p) }.distinct
+      dependencies.zip(partition.inputs)
+        .flatMap { case (dep, p) => dep.rdd.preferredLocations(p) }.distinct
     }
 
   override def clearDependencies(): Unit = {

@@ -5,13 +5,17 @@ import scala.util.control.NonFatal
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.{BindReferences, Expression, GenericInternalRow}
 import org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
-import org.apache.spark.sql.execution.{ApplyColumnarRulesAndInsertTransitions, SQLExecution, SparkPlan}
-import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec, StatefulOperator}
+import org.apache.spark.sql.execution.{ApplyColumnarRulesAndInsertTransitions,
+  SQLExecution, SparkPlan}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
+  StatefulOperator}
 
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.JoinSizes
 
-/** An input's rows in the micro-batch measured, and the distinct values of each of its join keys. */
+/**
+ * An input's rows in the micro-batch measured, and the distinct values of each of its join keys.
+ */
 final case class MeasuredInput(rows: Long, distinct: Seq[Long])
 
 /**
@@ -94,8 +98,8 @@ object FirstBatchStatistics extends Logging {
 
   /**
    * Join sizes from every input's figures: its rows, and per key class the most distinct values any
-   * of its inputs shows (the domain of the key side, which the foreign keys' values are drawn from).
-   * None when an input could not be measured or no input had rows.
+   * of its inputs shows (the domain of the key side, which the foreign keys' values are drawn
+   * from). None when an input could not be measured or no input had rows.
    */
   def sizes(measured: Seq[Option[MeasuredInput]], graph: JoinGraph): Option[JoinSizes] =
     if (measured.exists(_.isEmpty) || measured.flatten.forall(_.rows == 0)) None
@@ -112,8 +116,10 @@ object FirstBatchStatistics extends Logging {
     }
 
   /** The key classes input `i` joins on, in class order: the keys [[measure]] counts for it. */
-  def keyClasses(graph: JoinGraph, i: Int): Seq[Int] = graph.classes.indices.filter(c => graph.classes(c).keyOf(i).isDefined)
+  def keyClasses(graph: JoinGraph, i: Int): Seq[Int] =
+    graph.classes.indices.filter(c => graph.classes(c).keyOf(i).isDefined)
 
   /** Input `i`'s key expressions, in the order of [[keyClasses]]. */
-  def keys(graph: JoinGraph, i: Int): Seq[Expression] = keyClasses(graph, i).map(c => graph.classes(c).keyOf(i).get)
+  def keys(graph: JoinGraph, i: Int): Seq[Expression] =
+    keyClasses(graph, i).map(c => graph.classes(c).keyOf(i).get)
 }

@@ -6,10 +6,12 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, Expression, GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, Expression,
+  GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec,
+  ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
 import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{LongType, StructField, StructType}
@@ -27,30 +29,44 @@ import umjoin.spark.core.store.JoinStore
  * StreamingUMJoin's operator in the checkpoint, through Spark's state store API, so the session's
  * provider (RocksDB's is an LSM-tree) keeps them.
  *
- * @param partitionClass the key class the input is partitioned on, and `partitionKey` its expression for it
+ * @param partitionClass the key class the input is partitioned on, and `partitionKey` its
+ *                       expression for it
  * @param indexes        per index, the input's expressions for its classes
- * @param name           the rows' store's name (its indexes' names start with it): [[InputState.storeName]] for an input's
- *                       own rows, [[InputState.unmatchedStoreName]] for the combinations an outer join waits to match
+ * @param name           the rows' store's name (its indexes' names start with it):
+ *                       [[InputState.storeName]] for an input's own rows,
+ *                       [[InputState.unmatchedStoreName]] for the combinations an outer join waits
+ *                       to match
  */
-final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int, partitionKey: Expression,
-    indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
+final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int,
+    partitionKey: Expression, indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
   def primaryKeySchema: StructType = StructType(Seq(
-    StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false), StructField("storedAtMs", LongType, nullable = false)))
-  def indexKeySchema(keys: Seq[Expression]): StructType = StructType(keys.zipWithIndex.map { case (k, i) =>
-    StructField(if (i == 0) "key" else s"key$i", k.dataType)
-  } :+ StructField("sequence", LongType, nullable = false))
-  def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey", partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
-  /** Every index the input's rows can be probed through: its partitioning class, then the further indexes. */
-  def allIndexes: Seq[(StoreIndex, Seq[Expression])] = (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
+    StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false),
+    StructField("storedAtMs", LongType, nullable = false)))
+  def indexKeySchema(keys: Seq[Expression]): StructType =
+    StructType(keys.zipWithIndex.map { case (k, i) =>
+      StructField(if (i == 0) "key" else s"key$i", k.dataType)
+    } :+ StructField("sequence", LongType, nullable = false))
+  def indexValueSchema: StructType = StructType(Seq(StructField("partitionKey",
+    partitionKey.dataType), StructField("storedAtMs", LongType, nullable = false)))
+  /**
+   * Every index the input's rows can be probed through: its partitioning class, then the further
+   * indexes.
+   */
+  def allIndexes: Seq[(StoreIndex, Seq[Expression])] =
+    (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
   /** The rows' store. */
-  def rowStore: StoreSchema = StoreSchema(name, primaryKeySchema, DataTypeUtils.fromAttributes(output))
+  def rowStore: StoreSchema =
+    StoreSchema(name, primaryKeySchema, DataTypeUtils.fromAttributes(output))
   /** Per further index (in the order of `indexes`), its store. */
   def indexStores: Seq[StoreSchema] = indexes.zipWithIndex.map { case ((_, keys), position) =>
     StoreSchema(InputState.indexStoreName(name, position), indexKeySchema(keys), indexValueSchema)
   }
 }
 
-/** One state store of a stream input in each partition: its name and the schemas of its keys and values. */
+/**
+ * One state store of a stream input in each partition: its name and the schemas of its keys and
+ * values.
+ */
 final case class StoreSchema(name: String, keySchema: StructType, valueSchema: StructType)
 
 /**
@@ -68,25 +84,32 @@ final class InputState private (
   private val rowKeyValues = new GenericInternalRow(3)
   private val partitionIndex = StoreIndex.single(spec.partitionClass)
 
-  /** The stored rows whose values of `index`'s classes are the fields of a key (the store is found once, not per probe). */
+  /**
+   * The stored rows whose values of `index`'s classes are the fields of a key (the store is found
+   * once, not per probe).
+   */
   private def lookup(index: StoreIndex): UnsafeRow => Iterator[InternalRow] =
-    if (index == partitionIndex) key => primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    if (index == partitionIndex)
+      key => primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
     else {
-      val store = indexes.getOrElse(index, throw new IllegalStateException(s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
+      val store = indexes.getOrElse(index, throw new IllegalStateException(
+        s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
       val sequence = index.classes.size
       key => store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
         rowKeyValues.update(0, pair.value.get(0, spec.partitionKey.dataType))
         rowKeyValues.update(1, pair.key.getLong(sequence))
         rowKeyValues.update(2, pair.value.getLong(1))
         val row = primary.get(rowKey(rowKeyValues))
-        if (row == null) throw new IllegalStateException(
-          s"UMJoin state of input #${spec.input}: an index entry points to a row that is not stored; the checkpoint's state is inconsistent")
+        if (row == null) throw new IllegalStateException(s"UMJoin state of input #${spec.input}" +
+          (": an index entry points to a row that is not stored; the checkpoint's state is " +
+            "inconsistent"))
         row
       }
     }
 
   /** Every stored row still visible. */
-  def visibleRows(): Iterator[InternalRow] = primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
+  def visibleRows(): Iterator[InternalRow] =
+    primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
 
   /** A probe of this input's state through `index`, as the probe loop sees it. */
   def storeFor(index: StoreIndex): JoinStore = new JoinStore {
@@ -104,17 +127,17 @@ final class InputState private (
 
 /**
  * How a stream input's stores are opened: the rows' store as the session configures state stores;
- * its indexes without RocksDB's count of keys (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows),
- * which reads the key before every write to count it. An index holds exactly one entry per stored
- * row (a NULL key too: an outer join's preserved row is stored whatever its ON key), so its entries
- * are counted by the rows instead.
- * RocksDB stores commit with changelog checkpointing unless the session says otherwise: a
+ * its indexes without RocksDB's count of keys
+ * (spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows), which reads the key before every
+ * write to count it. An index holds exactly one entry per stored row (a NULL key too: an outer
+ * join's preserved row is stored whatever its ON key), so its entries are counted by the rows
+ * instead. RocksDB stores commit with changelog checkpointing unless the session says otherwise: a
  * StreamingUMJoin commits one store per input and index in every partition and micro-batch, most
  * with few changes or none (a stored static table), and a changelog commit writes one small file
  * where a snapshot commit copies and uploads the store's files. A changelog commit does not flush
- * the store's memtable, so each store's grows to RocksDB's write buffer (64 MB, two of them) between
- * snapshots: UMJoin's stores take 16 MB unless the session sets the size (on the TPC-H Q9 block at
- * SF 1, 670 MB less memory outside the heap, for about a tenth more time).
+ * the store's memtable, so each store's grows to RocksDB's write buffer (64 MB, two of them)
+ * between snapshots: UMJoin's stores take 16 MB unless the session sets the size (on the TPC-H Q9
+ * block at SF 1, 670 MB less memory outside the heap, for about a tenth more time).
  */
 final case class InputStateConf(rows: StateStoreConf, indexes: StateStoreConf)
 
@@ -126,9 +149,12 @@ object InputStateConf {
 
   def apply(sqlConf: SQLConf): InputStateConf = {
     val rows = sqlConf.clone()
-    Defaults.foreach { case (key, value) => if (!sqlConf.contains(key)) rows.setConfString(key, value) }
+    Defaults.foreach { case (key, value) =>
+      if (!sqlConf.contains(key)) rows.setConfString(key, value)
+    }
     val untracked = rows.clone()
-    untracked.setConfString("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+    untracked.setConfString("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows",
+      "false")
     InputStateConf(new StateStoreConf(rows), new StateStoreConf(untracked))
   }
 }
@@ -136,15 +162,19 @@ object InputStateConf {
 object InputState {
   def storeName(input: Int): String = s"umjoin-input-$input"
   def indexStoreName(storeName: String, position: Int): String = s"$storeName-index-$position"
-  /** The store of the preserved inputs' combinations that no row of outer input `outer` matched yet. */
+  /**
+   * The store of the preserved inputs' combinations that no row of outer input `outer` matched yet.
+   */
   def unmatchedStoreName(outer: Int): String = s"umjoin-unmatched-$outer"
 
   /** The committed state of the previous micro-batch, read-only; released when the task ends. */
-  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
+  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo,
+      partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputState = {
     StoresClosedAtExit.ensure()
     def open(store: StoreSchema, conf: StateStoreConf): ReadStateStore = {
-      val readStore = StateStore.getReadOnly(providerId(info, partition, store.name), store.keySchema, store.valueSchema, keyEncoding(store.keySchema),
+      val readStore = StateStore.getReadOnly(providerId(info, partition, store.name),
+        store.keySchema, store.valueSchema, keyEncoding(store.keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
       context.addTaskCompletionListener[Unit](_ => readStore.release())
       readStore
@@ -153,42 +183,63 @@ object InputState {
       spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap, visible)
   }
 
-  /** The state to write this micro-batch's version of; aborted when the task ends without committing. */
-  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf, hadoopConf: Configuration,
+  /**
+   * The state to write this micro-batch's version of; aborted when the task ends without
+   * committing.
+   */
+  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo,
+      partition: Int, confs: InputStateConf, hadoopConf: Configuration,
       visible: Long => Boolean, context: TaskContext): InputStateWriter = {
     StoresClosedAtExit.ensure()
     def open(schema: StoreSchema, conf: StateStoreConf): StateStore = {
-      val store = StateStore.get(providerId(info, partition, schema.name), schema.keySchema, schema.valueSchema, keyEncoding(schema.keySchema),
+      val store = StateStore.get(providerId(info, partition, schema.name),
+        schema.keySchema, schema.valueSchema, keyEncoding(schema.keySchema),
         info.storeVersion, None, None, false, conf, hadoopConf)
       context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
       store
     }
     val primary = open(spec.rowStore, confs.rows)
     val indexes = spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap
-    new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible), info.storeVersion)
+    new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible),
+      info.storeVersion)
   }
 
-  /** Every store is probed by prefix scans on all of its key's fields but the sequence number (and the primary's time). */
+  /**
+   * Every store is probed by prefix scans on all of its key's fields but the sequence number (and
+   * the primary's time).
+   */
   def keyEncoding(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
-    PrefixKeyScanStateEncoderSpec(keySchema, keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
+    PrefixKeyScanStateEncoderSpec(keySchema,
+      keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
 
-  private def providerId(info: StatefulOperatorStateInfo, partition: Int, name: String): StateStoreProviderId =
-    StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name), info.queryRunId)
+  private def providerId(info: StatefulOperatorStateInfo, partition: Int,
+      name: String): StateStoreProviderId =
+    StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name),
+      info.queryRunId)
 }
 
-/** Writes one micro-batch's changes to a stream input's stores in one partition, then commits them. */
-final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
-  // A row's keys are read from the row joined with two numbers: its sequence number and when it was stored.
-  // (Their code comes from the executor's pool: compiled per task, it turned Spark's code cache over in a 10-way join.)
+/**
+ * Writes one micro-batch's changes to a stream input's stores in one partition, then commits them.
+ */
+final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
+    indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
+  // A row's keys are read from the row joined with two numbers: its sequence number and when it was
+  // stored. (Their code comes from the executor's pool: compiled per task, it turned Spark's code
+  // cache over in a 10-way join.)
   private val numbers = new SpecificInternalRow(Seq(LongType, LongType))
   private val rowAndNumbers = new JoinedRow
   private val sequenceAttribute = AttributeReference("sequence", LongType, nullable = false)()
   private val storedAtAttribute = AttributeReference("storedAtMs", LongType, nullable = false)()
   private val numbered = spec.output :+ sequenceAttribute :+ storedAtAttribute
-  private val rowKey = GeneratedCode.projection(Seq(spec.partitionKey, sequenceAttribute, storedAtAttribute), numbered)
-  private val indexValue = GeneratedCode.projection(Seq(spec.partitionKey, storedAtAttribute), numbered)
-  private val indexKeyOf = spec.indexes.map { case (index, keys) => index -> GeneratedCode.projection(keys :+ sequenceAttribute, numbered) }
-  // Rows arrive as UnsafeRows of the input's layout, stored as they are; any other row is converted.
+  private val rowKey =
+    GeneratedCode.projection(Seq(spec.partitionKey, sequenceAttribute, storedAtAttribute), numbered)
+  private val indexValue =
+    GeneratedCode.projection(Seq(spec.partitionKey, storedAtAttribute), numbered)
+  private val indexKeyOf = spec.indexes.map { case (index, keys) =>
+    index -> GeneratedCode.projection(keys :+ sequenceAttribute, numbered)
+  }
+  // Rows arrive as UnsafeRows of the input's layout, stored as they are; any other row is
+  // converted.
   private val toStored = GeneratedCode.projection(spec.output, spec.output)
   // Unique within the partition: the batch in the high bits, the row's place in it in the low ones.
   private var sequence = version << 32
@@ -214,13 +265,19 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
     sequence += 1
   }
 
-  /** Removes every stored row `gone(storedAtMs, row)` selects, with its index entries; returns how many. */
+  /**
+   * Removes every stored row `gone(storedAtMs, row)` selects, with its index entries; returns how
+   * many.
+   */
   def removeWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
     val doomed = mutable.ArrayBuffer[(UnsafeRow, UnsafeRow)]()
-    primary.iterator().foreach(pair => if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
+    primary.iterator().foreach(pair =>
+      if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
     doomed.foreach { case (key, row) =>
       primary.remove(key)
-      indexKeyOf.foreach { case (index, indexKeyOfRow) => indexes(index).remove(indexKeyOfRow(withNumbers(row, key.getLong(1), 0L))) }
+      indexKeyOf.foreach { case (index, indexKeyOfRow) =>
+        indexes(index).remove(indexKeyOfRow(withNumbers(row, key.getLong(1), 0L)))
+      }
     }
     doomed.size.toLong
   }
@@ -236,8 +293,13 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore, inde
   def rowCount: Long = primary.metrics.numKeys
   def indexEntryCount: Long = rowCount * indexes.size
   def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
-  /** The bytes of the stores' files on local disk, where the provider tells them (RocksDB's SST files); else 0. */
-  def diskBytes: Long = stores.map(_.metrics.customMetrics.collect { case (m, v) if m.name == "rocksdbSstFileSize" => v }.sum).sum
+  /**
+   * The bytes of the stores' files on local disk, where the provider tells them (RocksDB's SST
+   * files); else 0.
+   */
+  def diskBytes: Long = stores.map(_.metrics.customMetrics.collect {
+    case (m, v) if m.name == "rocksdbSstFileSize" => v
+  }.sum).sum
 }
 
 /**
@@ -250,8 +312,10 @@ object CommittedRowCounts {
   final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
   private def counts = StreamingRegistry.committedRows
 
-  def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long, rows: Long): Unit = {
-    if (counts.size > 100000) counts.clear() // queries come and go; a forgotten count only costs a probe of the store
+  def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long,
+      rows: Long): Unit = {
+    // queries come and go; a forgotten count only costs a probe of the store
+    if (counts.size > 100000) counts.clear()
     counts.put(Key(info.checkpointLocation, info.operatorId, partition, input), (version, rows))
   }
 

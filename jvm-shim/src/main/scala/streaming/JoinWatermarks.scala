@@ -3,15 +3,17 @@ package umjoin.spark.streaming
 import scala.collection.mutable
 
 import org.apache.spark.sql.execution.SparkPlan
-import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
+  StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
+  StreamingSymmetricHashJoinExec}
 
 import umjoin.spark.core.tsc.{MultiJoinGroup, PhysicalPatterns}
 
 /**
- * Where the ids of the stream-stream joins a StreamingUMJoin replaces sit in its plan, so that Spark
- * gives each of them (and every stateful operator after the group) the watermark it gives it in its
- * own join tree.
+ * Where the ids of the stream-stream joins a StreamingUMJoin replaces sit in its plan, so that
+ * Spark gives each of them (and every stateful operator after the group) the watermark it gives it
+ * in its own join tree.
  *
  * Spark computes every stateful operator's watermarks by simulating their propagation over a plan:
  * a watermark node puts out the global watermark W, a stateful operator takes the least of its
@@ -25,7 +27,8 @@ import umjoin.spark.core.tsc.{MultiJoinGroup, PhysicalPatterns}
  * id, gets W less its offset from the chain (no input puts out less: watermarks only fall going
  * up a join tree), and passes on W less the group's output offset (`outputShiftMs`).
  */
-final case class JoinWatermarks(carrier: Int, chain: Seq[(StreamingSymmetricHashJoinExec, Long)], outputShiftMs: Long)
+final case class JoinWatermarks(carrier: Int, chain: Seq[(StreamingSymmetricHashJoinExec, Long)],
+    outputShiftMs: Long)
 
 object JoinWatermarks {
 
@@ -37,9 +40,11 @@ object JoinWatermarks {
    * StreamingUMJoin keeps), None when they have no watermark, or why Spark's watermarks cannot be
    * reproduced for the group.
    */
-  def of(group: MultiJoinGroup[SparkPlan], stateful: Seq[StreamingSymmetricHashJoinExec]): Either[String, Option[JoinWatermarks]] = {
+  def of(group: MultiJoinGroup[SparkPlan],
+      stateful: Seq[StreamingSymmetricHashJoinExec]): Either[String, Option[JoinWatermarks]] = {
     val inputWatermark = mutable.Map[Long, Option[Long]]()
-    // Spark's simulation, over the group as Spark planned it (an input's own stateful operators included).
+    // Spark's simulation, over the group as Spark planned it (an input's own stateful operators
+    // included).
     def simulate(node: SparkPlan): Option[Long] = node match {
       case _: EventTimeWatermarkExec => Some(Far)
       case _ =>
@@ -56,18 +61,22 @@ object JoinWatermarks {
     val offsets = stateful.map(j => j -> inputWatermark(j.getStateInfo.operatorId).map(Far - _))
     if (stateful.isEmpty || offsets.forall(_._2.isEmpty)) Right(None)
     else if (offsets.exists(_._2.isEmpty) || output.isEmpty)
-      Left("some of its stream-stream joins have no watermark below them and others do, which the StreamingUMJoin cannot pass on as Spark does")
+      Left("some of its stream-stream joins have no watermark below them and others do, which " +
+        "the StreamingUMJoin cannot pass on as Spark does")
     else {
       val top = offsets.head._2.get
       val below = offsets.tail.map { case (j, c) => (j, c.get) }.sortBy(_._2)
-      // The chain starts from the carrier's output watermark: the first join's input watermark. Spark's
-      // join of least offset takes it from one of its inputs, so some input puts it out.
+      // The chain starts from the carrier's output watermark: the first join's input watermark.
+      // Spark's join of least offset takes it from one of its inputs, so some input puts it out.
       val first = below.headOption.map(_._2).getOrElse(top)
-      val carrier = group.inputs.indexWhere(input => PhysicalPatterns.isStreaming(input) && simulate(input).contains(Far - first))
-      if (carrier < 0) Left("no input of the group puts out the watermark its lowest stream-stream join takes, which the StreamingUMJoin cannot pass on as Spark does")
+      val carrier = group.inputs.indexWhere(input => PhysicalPatterns.isStreaming(input) &&
+        simulate(input).contains(Far - first))
+      if (carrier < 0) Left("no input of the group puts out the watermark its lowest " +
+        "stream-stream join takes, which the StreamingUMJoin cannot pass on as Spark does")
       else {
         val next = below.drop(1).map(_._2) :+ top
-        Right(Some(JoinWatermarks(carrier, below.zip(next).map { case ((j, c), n) => (j, c - n) }, top - (Far - output.get))))
+        Right(Some(JoinWatermarks(carrier, below.zip(next).map { case ((j, c), n) => (j, c - n) },
+          top - (Far - output.get))))
       }
     }
   }

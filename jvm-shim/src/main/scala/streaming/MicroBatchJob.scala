@@ -10,13 +10,16 @@ import umjoin.spark.core.probe.{Route, StoreIndex}
 /**
  * A semi join's combinations of its preserved inputs that no row of its non-preserved input
  * `nonPreserved` matched yet: kept in `spec`'s store (rows: the preserved inputs' columns, in
- * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's key class.
+ * input order), partitioned as `nonPreserved`'s store is, by the combination's value of the join's
+ * key class.
  *
- * @param onCondition the rest of the join's condition, over a combination's columns and then `nonPreserved`'s
- * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark yet); they are dropped
+ * @param onCondition the rest of the join's condition, over a combination's columns and then
+ *                    `nonPreserved`'s
+ * @param unmatchable the combinations no later row of `nonPreserved` can match (None: no watermark
+ *                    yet); they are dropped
  */
-final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondition: Option[Expression],
-    unmatchable: Option[Expression])
+final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec,
+    onCondition: Option[Expression], unmatchable: Option[Expression])
 
 /**
  * When the group's outer joins put out a combination of their preserved inputs padded with NULLs:
@@ -28,34 +31,49 @@ final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec, onCondit
  * `starts(o)` only); `padded(o)`: a result row's columns of o are NULLs. Combinations none of whose
  * rows is new come out by the rescan of each start's stored rows: see [[StageTask]].
  */
-final case class OuterPadding(starts: Map[Int, Int], now: Map[Int, Expression], before: Map[Int, Expression], padded: Map[Int, Expression]) {
-  /** The streams whose stored rows are rescanned, in the order their rescans claim a combination due by several. */
+final case class OuterPadding(starts: Map[Int, Int], now: Map[Int, Expression],
+    before: Map[Int, Expression], padded: Map[Int, Expression]) {
+  /**
+   * The streams whose stored rows are rescanned, in the order their rescans claim a combination due
+   * by several.
+   */
   val rescanStarts: Seq[Int] = starts.values.toSeq.distinct.sorted
 
   private def joinsOf(start: Int): Seq[Int] = starts.keys.toSeq.sorted.filter(starts(_) == start)
-  /** A stored row of `starts(o)` that o's join rules out now, not before: its combinations may be due. */
+  /**
+   * A stored row of `starts(o)` that o's join rules out now, not before: its combinations may be
+   * due.
+   */
   def newly(o: Int): Expression = And(now(o), Not(before(o)))
   /** A stored row of `start` some join evicted by its event time rules out just now. */
   def rescanned(start: Int): Expression = joinsOf(start).map(newly).reduce(Or)
-  private def dueBy(start: Int): Expression = joinsOf(start).map(o => And(padded(o), newly(o))).reduce(Or)
+  private def dueBy(start: Int): Expression =
+    joinsOf(start).map(o => And(padded(o), newly(o))).reduce(Or)
   /**
    * A complete combination the rescan of `start` puts out: padded for some input whose join ruled
-   * it out just now by `start`'s time, and by none an earlier start's rescan answers for (it puts it out once).
+   * it out just now by `start`'s time, and by none an earlier start's rescan answers for (it puts
+   * it out once).
    */
   def due(start: Int): Expression =
-    rescanStarts.takeWhile(_ != start).map(dueBy).foldLeft(dueBy(start))((due, earlier) => And(due, Not(earlier)))
+    rescanStarts.takeWhile(_ != start).map(dueBy)
+      .foldLeft(dueBy(start))((due, earlier) => And(due, Not(earlier)))
 }
 
 /**
  * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
  *
- * @param keysRejectingNull per input, the keys a row with a NULL in one is dropped for: it joins nothing
- *                   (not those of an outer join preserving the input, which pads such a row)
+ * @param keysRejectingNull per input, the keys a row with a NULL in one is dropped for: it joins
+ *                   nothing (not those of an outer join preserving the input, which pads such
+ *                   a row)
  * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
- * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds at most this many
- * @param staticLoads per stored static table, whether this batch writes its stores, and which load they hold
- * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes (v_R, v_S)
- * @param slices     per stream spread by time slice, which of its partitions a combination is sent to
+ * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds
+ *                   at most this many
+ * @param staticLoads per stored static table, whether this batch writes its stores, and which load
+ *                   they hold
+ * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes
+ *                   (v_R, v_S)
+ * @param slices     per stream spread by time slice, which of its partitions a combination is sent
+ *                   to
  */
 final case class MicroBatchJob(
     graph: JoinGraph,
@@ -91,35 +109,50 @@ final case class MicroBatchJob(
    */
   def boundBy(partial: Shipped.Partial, n: Int): Seq[Int] = {
     val run = planOf(partial)
-    run.route.order.take(n).filter(i => run.steps.forall(step => step.input != i || step.rule.binds))
+    run.route.order.take(n)
+      .filter(i => run.steps.forall(step => step.input != i || step.rule.binds))
   }
 
   /** Stages the routes need: one per segment of the longest. */
   private def routeStages: Int = routes.values.map(_.segments.size).max
 
   /**
-   * Per semi join (`unmatched`'s order), the stage that settles its waiting combinations: the routes'
-   * last, and one more after each change of key (a combination one semi join lets through goes on to
-   * the next one's partition: that join's stores are partitioned by its key).
+   * Per semi join (`unmatched`'s order), the stage that settles its waiting combinations: the
+   * routes' last, and one more after each change of key (a combination one semi join lets through
+   * goes on to the next one's partition: that join's stores are partitioned by its key).
    */
   val settleStage: IndexedSeq[Int] = unmatched.indices.scanLeft(routeStages - 1) { (stage, k) =>
-    if (k > 0 && unmatched(k).spec.partitionClass != unmatched(k - 1).spec.partitionClass) stage + 1 else stage
+    if (k > 0 && unmatched(k).spec.partitionClass !=
+        unmatched(k - 1).spec.partitionClass) stage + 1 else stage
   }.tail
 
-  /** Tasks in a row the routes and the semi joins' settling need; each stage's task k works on partition k of every store. */
+  /**
+   * Tasks in a row the routes and the semi joins' settling need; each stage's task k works on
+   * partition k of every store.
+   */
   val stageCount: Int = settleStage.lastOption.fold(routeStages)(_ + 1)
 
   val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
-  /** The inputs whose rows live in state stores (see [[umjoin.spark.streaming.StreamingLayout.stored]]). */
+  /**
+   * The inputs whose rows live in state stores (see
+   * [[umjoin.spark.streaming.StreamingLayout.stored]]).
+   */
   val stored: Seq[Int] = states.keys.toSeq.sorted
 
-  /** Whether input j is a stored static table this batch writes (so its rows come from its child, not its stores). */
+  /**
+   * Whether input j is a stored static table this batch writes (so its rows come from its child,
+   * not its stores).
+   */
   def loads(j: Int): Boolean = staticLoads.get(j).exists(_.load)
 
-  /** The steps (route's start, input probed, index probed through) the routes take in stage `stage`. */
+  /**
+   * The steps (route's start, input probed, index probed through) the routes take in stage
+   * `stage`.
+   */
   def probesIn(stage: Int): Seq[(Int, Int, StoreIndex)] = routes.values.toSeq.flatMap { run =>
-    run.segments.lift(stage).toSeq.flatMap(seg => (seg.from until seg.until).map(t => (run.start, run.steps(t).input, run.steps(t).index)))
+    run.segments.lift(stage).toSeq.flatMap(seg =>
+      (seg.from until seg.until).map(t => (run.start, run.steps(t).input, run.steps(t).index)))
   }
 
   /** The input's expression for key class `c`. */

@@ -19,28 +19,39 @@ import umjoin.spark.core.probe.{Route, StoreIndex}
  * A StreamingUMJoin's own files in its query's checkpoint, all read and written here: the record of
  * its state's layout (`<checkpoint>/state/<operator>/_umjoin_layout.json`, beside its stores), its
  * format, the changes of its time slicing (`_umjoin_slices_<batch>.json`, one per micro-batch that
- * changed it), and what the stores there say about who wrote them. The rule asks it whether a group can
- * continue the state it finds; the operator records the layout when its state starts.
+ * changed it), and what the stores there say about who wrote them. The rule asks it whether a group
+ * can continue the state it finds; the operator records the layout when its state starts.
  */
 final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Configuration) {
   import OperatorCheckpoint._
 
   /** Where the layout is recorded. */
-  val layoutFile: Path = new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
+  val layoutFile: Path =
+    new Path(info.checkpointLocation, s"${info.operatorId}/_umjoin_layout.json")
   private lazy val fs = layoutFile.getFileSystem(hadoopConf)
   private def partition0 = new Path(layoutFile.getParent, "0")
 
   def hasLayout: Boolean = fs.exists(layoutFile)
 
-  /** Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named umjoin-input-<i>. */
+  /**
+   * Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named
+   * umjoin-input-<i>.
+   */
   def hasStoresWithoutLayout: Boolean =
-    !hasLayout && fs.exists(partition0) && fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
+    !hasLayout && fs.exists(partition0) &&
+      fs.listStatus(partition0).exists(_.getPath.getName.startsWith("umjoin-input-"))
 
-  /** Stores of combinations an outer join waited to match, which versions before chained outer joins kept (umjoin-unmatched-<i>). */
+  /**
+   * Stores of combinations an outer join waited to match, which versions before chained outer joins
+   * kept (umjoin-unmatched-<i>).
+   */
   def hasUnmatchedStores(outerInputs: Set[Int]): Boolean =
-    fs.exists(partition0) && fs.listStatus(partition0).exists(f => outerInputs.exists(o => f.getPath.getName == InputState.unmatchedStoreName(o)))
+    fs.exists(partition0) && fs.listStatus(partition0)
+      .exists(f => outerInputs.exists(o => f.getPath.getName == InputState.unmatchedStoreName(o)))
 
-  /** Whether a StreamingUMJoin's state is here (recorded layout, or stores of an earlier version). */
+  /**
+   * Whether a StreamingUMJoin's state is here (recorded layout, or stores of an earlier version).
+   */
   def hasUMJoinState: Boolean = hasLayout || hasStoresWithoutLayout
 
   /**
@@ -48,50 +59,74 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
    * files beside its schema (which Spark writes for every planned join's stores, converted or not).
    */
   def hasSparkJoinState: Boolean = !hasUMJoinState && fs.exists(partition0) &&
-    fs.listStatus(partition0).filter(_.isDirectory).exists(store => fs.listStatus(store.getPath).exists(_.getPath.getName != "_metadata"))
+    fs.listStatus(partition0).filter(_.isDirectory)
+    .exists(store => fs.listStatus(store.getPath).exists(_.getPath.getName != "_metadata"))
 
   /**
    * Whether the operator committed its stores in the previous micro-batch (so this one can read
    * them): the first stored input's store in partition 0 has a file of this batch's version, as
-   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`, `<version>_<id>.zip`).
+   * both Spark providers name them (`<version>.delta`, `<version>.zip`, `<version>.changelog`,
+   * `<version>_<id>.zip`).
    */
   def committedBefore: Boolean =
     fs.exists(partition0) && fs.listStatus(partition0).filter(_.isDirectory).exists { store =>
-      fs.listStatus(store.getPath).exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") || f.getPath.getName.startsWith(s"${info.storeVersion}_"))
+      fs.listStatus(store.getPath)
+        .exists(f => f.getPath.getName.startsWith(s"${info.storeVersion}.") ||
+          f.getPath.getName.startsWith(s"${info.storeVersion}_"))
     }
 
-  /** The layout recorded for the operator (None: not yet), or why this group cannot continue its state, said for people. */
-  def recordedLayout(graph: JoinGraph, outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
+  /**
+   * The layout recorded for the operator (None: not yet), or why this group cannot continue its
+   * state, said for people.
+   */
+  def recordedLayout(graph: JoinGraph,
+      outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
     if (!fs.exists(layoutFile)) Right(None)
     else {
       val text = try Right(textOf(layoutFile)) catch {
-        case e: java.io.IOException => Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
+        case e: java.io.IOException =>
+          Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
       }
       text.flatMap(fromJson(_, graph, outputs, info.numPartitions).map(Some(_)).left.map(refusal))
     }
 
-  /** Records the layout when the operator's state starts (the first batch); later batches find it there. */
-  def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]], labels: Seq[String]): Unit =
+  /**
+   * Records the layout when the operator's state starts (the first batch); later batches find it
+   * there.
+   */
+  def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]],
+      labels: Seq[String]): Unit =
     if (!fs.exists(layoutFile)) write(layoutFile, toJson(layout, graph, outputs, labels))
 
-  /** The file recording the time slicing micro-batch `version` changed to (files are never overwritten: not every file system can). */
-  private def slicingFile(version: Long) = new Path(layoutFile.getParent, s"_umjoin_slices_$version.json")
+  /**
+   * The file recording the time slicing micro-batch `version` changed to (files are never
+   * overwritten: not every file system can).
+   */
+  private def slicingFile(version: Long) =
+    new Path(layoutFile.getParent, s"_umjoin_slices_$version.json")
 
   /**
    * The time slicing last recorded at or before micro-batch `version` (a change: see
-   * [[StreamingLayout.resliced]]) and the micro-batch that recorded it; None where it never changed.
+   * [[StreamingLayout.resliced]]) and the micro-batch that recorded it; None where it never
+   * changed.
    */
   def recordedSlicing(version: Long): Option[(Long, IndexedSeq[Option[TimeSlicing]])] = {
     val Recorded = "_umjoin_slices_(\\d+)\\.json".r
-    val versions = fs.listStatus(layoutFile.getParent).map(_.getPath.getName).collect { case Recorded(v) => v.toLong }.filter(_ <= version)
+    val versions = fs.listStatus(layoutFile.getParent).map(_.getPath.getName)
+      .collect { case Recorded(v) => v.toLong }.filter(_ <= version)
     versions.maxOption.map(v => v -> slicingFromJson(parse(textOf(slicingFile(v)))))
   }
 
-  /** Records that micro-batch `version` changed the time slicing to the layout's (once: a re-run of the batch reads it back). */
+  /**
+   * Records that micro-batch `version` changed the time slicing to the layout's (once: a re-run of
+   * the batch reads it back).
+   */
   def recordSlicing(version: Long, layout: StreamingLayout): Unit = {
     val recorded = recordedSlicing(version)
-    if (!recorded.exists(_._1 == version) && recorded.map(_._2).getOrElse(recordedLayoutSlicing) != layout.timeSlices) {
-      write(slicingFile(version), compact(render(JArray(layout.timeSlices.map(slicingJson).toList))))
+    if (!recorded.exists(_._1 == version) &&
+        recorded.map(_._2).getOrElse(recordedLayoutSlicing) != layout.timeSlices) {
+      write(slicingFile(version),
+        compact(render(JArray(layout.timeSlices.map(slicingJson).toList))))
     }
   }
 
@@ -123,16 +158,21 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 
   /** Why this query cannot continue the operator's state, with what to do. */
   def refusal(reason: String): String = s"The checkpoint ${info.checkpointLocation} holds " +
-    s"StreamingUMJoin state for operator ${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
-    s"checkpoint was written for, or use a new checkpoint location."
+    "StreamingUMJoin state for operator " +
+    s"${info.operatorId} that this query cannot continue: $reason. Restart the query the " +
+    "checkpoint was written for, or use a new checkpoint location."
 }
 
 object OperatorCheckpoint {
 
-  /** Whose state an operator's checkpoint holds: Spark's stream-stream join's, a StreamingUMJoin's (or neither). */
+  /**
+   * Whose state an operator's checkpoint holds: Spark's stream-stream join's, a StreamingUMJoin's
+   * (or neither).
+   */
   final case class WrittenBy(sparkJoin: Boolean, umjoin: Boolean)
 
-  def writtenBy(checkpoint: OperatorCheckpoint): WrittenBy = WrittenBy(checkpoint.hasSparkJoinState, checkpoint.hasUMJoinState)
+  def writtenBy(checkpoint: OperatorCheckpoint): WrittenBy =
+    WrittenBy(checkpoint.hasSparkJoinState, checkpoint.hasUMJoinState)
 
   /**
    * The version of the state's layout this code writes; it reads this one and the ones before
@@ -140,8 +180,12 @@ object OperatorCheckpoint {
    */
   val Format = 3
 
-  /** The layout as the checkpoint keeps it: classes named by each input's key expression, so they are found again after a restart. */
-  private[streaming] def toJson(layout: StreamingLayout, graph: JoinGraph, inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
+  /**
+   * The layout as the checkpoint keeps it: classes named by each input's key expression, so they
+   * are found again after a restart.
+   */
+  private[streaming] def toJson(layout: StreamingLayout, graph: JoinGraph,
+      inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
     def key(input: Int, c: Int): JValue = JString(keyName(graph, input, c))
     val inputJson = inputs.indices.map { i =>
       JObject(List[JField](
@@ -149,7 +193,8 @@ object OperatorCheckpoint {
         "kind" -> JString(layout.kinds(i).name),
         "columns" -> JArray(columns(inputs(i)).map(JString(_)).toList),
         "partitionedBy" -> layout.partitionClass(i).map(key(i, _)).getOrElse(JNull),
-        "indexedBy" -> JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
+        "indexedBy" ->
+          JArray(layout.indexes(i).map(ix => JArray(ix.classes.map(key(i, _)).toList)).toList)) ++
         (slicingJson(layout.timeSlices(i)) match {
           case JObject(fields) => fields
           case _ => Nil
@@ -157,7 +202,8 @@ object OperatorCheckpoint {
         (if (graph.outer.contains(i)) List[JField]("joinType" -> JString(OuterJoinType)) else Nil))
     }
     val routeJson = layout.routes.toSeq.sortBy(_._1).map { case (start, route) =>
-      JObject("start" -> JInt(start), "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
+      JObject("start" -> JInt(start),
+        "edges" -> JArray(route.edges.map { case (f, t) => JArray(List(JInt(f), JInt(t))) }.toList))
     }
     compact(render(JObject(
       "format" -> JInt(Format),
@@ -170,62 +216,83 @@ object OperatorCheckpoint {
   /**
    * An input's time slicing as the records keep it (fields of its entry in the layout record; an
    * object of its own in a change's): the width new event times are cut by, the count, and every
-   * stretch [from µs, width ms, first slice]; `earlierTimeSliceMs` only as read from a version before stretches.
+   * stretch [from µs, width ms, first slice]; `earlierTimeSliceMs` only as read from a version
+   * before stretches.
    */
-  private def slicingJson(slicing: Option[TimeSlicing]): JValue = JObject(slicing.toList.flatMap { t =>
-    List[JField]("timeSliceMs" -> JInt(t.widthMs), "timeSlices" -> JInt(t.slices),
-      "timeSliceStretches" -> JArray(t.stretches.map(s => JArray(List(JInt(s.fromMicros), JInt(s.widthMs), JInt(s.firstSlice)))).toList)) ++
-      (if (t.earlierWidthsMs.isEmpty) Nil else List[JField]("earlierTimeSliceMs" -> JArray(t.earlierWidthsMs.map(JInt(_)).toList)))
-  })
+  private def slicingJson(slicing: Option[TimeSlicing]): JValue =
+    JObject(slicing.toList.flatMap { t =>
+      List[JField]("timeSliceMs" -> JInt(t.widthMs), "timeSlices" -> JInt(t.slices),
+        "timeSliceStretches" -> JArray(t.stretches.map(s =>
+          JArray(List(JInt(s.fromMicros), JInt(s.widthMs), JInt(s.firstSlice)))).toList)) ++
+        (if (t.earlierWidthsMs.isEmpty) Nil else List[JField](
+          "earlierTimeSliceMs" -> JArray(t.earlierWidthsMs.map(JInt(_)).toList)))
+    })
 
   /**
    * An input's time slicing read from its record. Records written before stretches have the width
-   * only (slices of it from the epoch); before the count was chosen, not the count (a slice per partition).
+   * only (slices of it from the epoch); before the count was chosen, not the count (a slice per
+   * partition).
    */
-  private def timeSlicing(item: JValue, partitions: Int): Option[TimeSlicing] = item \ "timeSliceMs" match {
-    case JInt(ms) =>
-      val slices = item \ "timeSlices" match {
-        case JInt(n) => n.toInt
-        case _ => partitions
-      }
-      val earlier = item \ "earlierTimeSliceMs" match {
-        case JArray(ws) => ws.collect { case JInt(w) => w.toLong }
-        case _ => Nil
-      }
-      val stretches = item \ "timeSliceStretches" match {
-        case JArray(all) => all.collect { case JArray(List(JInt(from), JInt(width), JInt(first))) => SliceStretch(from.toLong, width.toLong, first.toLong) }
-        case _ => Nil
-      }
-      Some(TimeSlicing(slices, if (stretches.isEmpty) TimeSlicing(slices, ms.toLong).stretches else stretches, earlier))
-    case _ => None
-  }
+  private def timeSlicing(item: JValue, partitions: Int): Option[TimeSlicing] =
+    item \ "timeSliceMs" match {
+      case JInt(ms) =>
+        val slices = item \ "timeSlices" match {
+          case JInt(n) => n.toInt
+          case _ => partitions
+        }
+        val earlier = item \ "earlierTimeSliceMs" match {
+          case JArray(ws) => ws.collect { case JInt(w) => w.toLong }
+          case _ => Nil
+        }
+        val stretches = item \ "timeSliceStretches" match {
+          case JArray(all) =>
+            all.collect { case JArray(List(JInt(from), JInt(width), JInt(first))) =>
+              SliceStretch(from.toLong, width.toLong, first.toLong)
+            }
+          case _ => Nil
+        }
+        Some(TimeSlicing(slices,
+          if (stretches.isEmpty) TimeSlicing(slices, ms.toLong).stretches else stretches, earlier))
+      case _ => None
+    }
 
   private def slicingFromJson(json: JValue): IndexedSeq[Option[TimeSlicing]] = json match {
     case JArray(items) => items.map(timeSlicing(_, 0)).toIndexedSeq
     case _ => IndexedSeq.empty
   }
 
-  /** The layout recorded in a checkpoint, or why it does not fit this group (another query, other columns, other keys). */
-  private[streaming] def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]], partitions: Int): Either[String, StreamingLayout] =
-    try Right(read(text, graph, inputs, partitions)) catch { case m: LayoutMismatch => Left(m.getMessage) }
+  /**
+   * The layout recorded in a checkpoint, or why it does not fit this group (another query, other
+   * columns, other keys).
+   */
+  private[streaming] def fromJson(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]],
+      partitions: Int): Either[String, StreamingLayout] =
+    try Right(read(text, graph, inputs, partitions))
+    catch { case m: LayoutMismatch => Left(m.getMessage) }
 
   private final class LayoutMismatch(reason: String) extends Exception(reason)
 
-  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]], partitions: Int): StreamingLayout = {
+  private def read(text: String, graph: JoinGraph, inputs: Seq[Seq[Attribute]],
+      partitions: Int): StreamingLayout = {
     def fail(reason: String): Nothing = throw new LayoutMismatch(reason)
-    val json = try parse(text) catch { case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})") }
+    val json = try parse(text) catch {
+      case e: Exception => fail(s"its layout record cannot be read (${e.getMessage})")
+    }
     json \ "format" match {
       case JInt(f) if f >= 1 && f <= Format =>
-      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f; this version reads formats 1 to $Format)")
+      case JInt(f) => fail(s"it was written by another version of UMJoin (state layout format $f" +
+        s"; this version reads formats 1 to $Format)")
       case _ => fail("its layout record has no format")
     }
     val recorded = json \ "inputs" match {
       case JArray(items) => items
       case _ => fail("its layout record has no inputs")
     }
-    if (recorded.size != inputs.size) fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
+    if (recorded.size != inputs.size)
+      fail(s"it was written for a join of ${recorded.size} inputs, this one has ${inputs.size}")
     def classOf(input: Int, key: String): Int =
-      graph.classes.indices.find(c => graph.classes(c).keyOf(input).isDefined && keyName(graph, input, c) == key)
+      graph.classes.indices.find(c => graph.classes(c).keyOf(input).isDefined &&
+        keyName(graph, input, c) == key)
         .getOrElse(fail(s"input #$input was stored by $key, which this join does not join it on"))
     val parsed = recorded.zipWithIndex.map { case (item, i) =>
       val kind = item \ "kind" match {
@@ -236,7 +303,8 @@ object OperatorCheckpoint {
         case JArray(cs) => cs.collect { case JString(c) => c }
         case _ => Nil
       }
-      if (cols != columns(inputs(i))) fail(s"input #$i had columns (${cols.mkString(", ")}), now (${columns(inputs(i)).mkString(", ")})")
+      if (cols != columns(inputs(i))) fail(s"input #$i had columns (${cols.mkString(", ")}" +
+        s"), now (${columns(inputs(i)).mkString(", ")})")
       val partition = item \ "partitionedBy" match {
         case JString(k) => Some(classOf(i, k))
         case _ => None
@@ -265,7 +333,8 @@ object OperatorCheckpoint {
           case _ => fail("a recorded route has no start")
         }
         val edges = item \ "edges" match {
-          case JArray(es) => es.collect { case JArray(List(JInt(f), JInt(t))) => (f.toInt, t.toInt) }
+          case JArray(es) =>
+            es.collect { case JArray(List(JInt(f), JInt(t))) => (f.toInt, t.toInt) }
           case _ => Nil
         }
         start -> Route(start, edges)
@@ -281,13 +350,18 @@ object OperatorCheckpoint {
       case JString(text) => text
       case _ => "not recorded"
     }
-    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost, statistics, parsed.map(_._4))
+    val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost,
+      statistics, parsed.map(_._4))
     layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>
-      fail(s"its recorded probe routes do not fit this join (none from input #$s through all ${inputs.size} inputs)")
+      fail(s"its recorded probe routes do not fit this join (none from input #$s through all " +
+        s"${inputs.size} inputs)")
     }
-    // A semi join's stream starts no route (its rows only let combinations through): its recorded route is never probed.
+    // A semi join's stream starts no route (its rows only let combinations through): its recorded
+    // route is never probed.
     routes.values.filterNot(r => graph.filters.contains(r.start)).foreach { r =>
-      scala.util.Try(layout.plan(graph, r)).failed.foreach(e => fail(s"its recorded probe routes do not fit this join (route ${r.order.mkString(" -> ")}: ${e.getMessage})"))
+      scala.util.Try(layout.plan(graph, r)).failed.foreach(e =>
+        fail(s"its recorded probe routes do not fit this join (route ${r.order.mkString(" -> ")}" +
+          s": ${e.getMessage})"))
     }
     layout
   }
@@ -303,8 +377,12 @@ object OperatorCheckpoint {
       .fold(expression)(o => s"$expression ON ${graph.classes(c).keyOf(o).get.sql}")
   }
 
-  /** How the layout record names an outer join's non-preserved input (the others are inner, and not named: older records read the same). */
+  /**
+   * How the layout record names an outer join's non-preserved input (the others are inner, and not
+   * named: older records read the same).
+   */
   private val OuterJoinType = "left outer"
 
-  private def columns(attributes: Seq[Attribute]): List[String] = attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
+  private def columns(attributes: Seq[Attribute]): List[String] =
+    attributes.map(a => s"${a.name} ${a.dataType.catalogString}").toList
 }

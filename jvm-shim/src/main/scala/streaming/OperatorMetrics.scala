@@ -76,7 +76,7 @@ private[streaming] object OperatorMetrics {
   val StaticDiskBytes = PerInput(i => s"staticDiskBytesInput$i", "store bytes on disk")
 }
 
-/** The metrics the tasks of a micro-batch add to (the node's SQL metrics, fetched on the driver). */
+/** The metrics the tasks of a micro-batch add to (the node's SQL metrics, read on the driver). */
 final case class StageMetrics(
     numOutputRows: SQLMetric,
     inputs: IndexedSeq[InputMetrics],
@@ -99,10 +99,21 @@ final case class StageMetrics(
  * What the tasks measure of time-sliced stores' costs (see [[SliceCosts]]): per sliced input, the
  * combinations sent to its slices and the time testing them there; the time shipping combinations.
  */
-final case class SliceCostMetrics(combinations: Map[Int, SQLMetric], probeNanos: Map[Int, SQLMetric], shipNanos: SQLMetric)
+final case class SliceCostMetrics(
+    combinations: Map[Int, SQLMetric],
+    probeNanos: Map[Int, SQLMetric],
+    shipNanos: SQLMetric)
 
-/** The metrics of a semi join (by its input): combinations no row matched (dropped), and combinations waiting for a match. */
+/**
+ * The metrics of a semi join (by its input): combinations no row matched (dropped), and
+ * combinations waiting for a match.
+ */
 final case class UnmatchedMetrics(gone: SQLMetric, waiting: SQLMetric)
 
 /** The metrics of a stored static table. */
-final case class StaticMetrics(hits: SQLMetric, misses: SQLMetric, cachedKeys: SQLMetric, cachedBytes: SQLMetric, diskBytes: SQLMetric)
+final case class StaticMetrics(
+    hits: SQLMetric,
+    misses: SQLMetric,
+    cachedKeys: SQLMetric,
+    cachedBytes: SQLMetric,
+    diskBytes: SQLMetric)

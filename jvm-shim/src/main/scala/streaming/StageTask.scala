@@ -7,8 +7,8 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference, Expression,
-  UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference,
+  Expression, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
@@ -56,16 +56,20 @@ private[streaming] final class StageTask(
     case None => _ => true
   }
   // A stored static table's rows never expire: the table is loaded again when it changes.
-  private def visibleIn(j: Int): Long => Boolean = if (job.kinds(j) == InputKind.Stream) visible else _ => true
+  private def visibleIn(j: Int): Long => Boolean =
+    if (job.kinds(j) == InputKind.Stream) visible else _ => true
 
-  // The stores of the streams and stored tables: written (and read) in the last stage, read-only before it.
+  // The stores of the streams and stored tables: written (and read) in the last stage, read-only
+  // before it.
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   private def writerOf(j: Int): InputStateWriter =
-    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs,
+      hadoopConf, visibleIn(j), context))
   private def stateOf(j: Int): InputState =
     if (isLast) writerOf(j).state
-    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs, hadoopConf, visibleIn(j), context))
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs,
+      hadoopConf, visibleIn(j), context))
 
   /**
    * The input's rows of this batch in this partition that can be in a result: not late, and no NULL
@@ -82,19 +86,25 @@ private[streaming] final class StageTask(
   }
 
   /** `rows` of input j indexed in memory by each of `indexes`, as the probe loop looks them up. */
-  private def indexInMemory(j: Int, rows: Iterator[InternalRow], indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
-    val keys = indexes.map(_.classes.map(cl => BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
+  private def indexInMemory(j: Int, rows: Iterator[InternalRow],
+      indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
+    val keys = indexes.map(_.classes.map(cl =>
+      BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
     val stores = PagedStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
     metrics.memoryIndexBytes += stores.map(_.sizeInBytes).sum
-    indexes.zip(stores).zip(keys).map { case ((index, store), key) => index -> StageTask.keyedAsBuilt(store, key) }.toMap
+    indexes.zip(stores).zip(keys).map { case ((index, store), key) =>
+      index -> StageTask.keyedAsBuilt(store, key) }.toMap
   }
 
-  // In-memory indexes, built when first probed: this batch's new rows of streams, and static tables.
+  // In-memory indexes, built when first probed: this batch's new rows of streams, and static
+  // tables.
   private val probed = job.probesIn(stage)
   private val memoryIndexes = mutable.Map[Int, Map[StoreIndex, JoinStore]]()
   private def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
-    // (An outer input's new rows are looked up by every route: a combination is padded only if none matches.)
-    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream || j < start || job.graph.outer.contains(j) => ix }.distinct
+    // (An outer input's new rows are looked up by every route: a combination is padded only if none
+    // matches.)
+    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream ||
+        j < start || job.graph.outer.contains(j) => ix }.distinct
     val rows = job.kinds(j) match {
       case InputKind.Stream => fresh(j, None)
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
@@ -109,36 +119,47 @@ private[streaming] final class StageTask(
   // the last stage writes this batch's rows.
   private val cachedState = mutable.Map[Int, Option[Map[StoreIndex, JoinStore]]]()
   private def stored(j: Int, index: StoreIndex): JoinStore = cachedState.getOrElseUpdate(j, {
-    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows).map { n =>
-      metrics.cachedStateRows += n
-      indexInMemory(j, stateOf(j).visibleRows(), probed.collect { case (_, `j`, ix) => ix }.distinct)
-    }
+    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows)
+      .map { n =>
+        metrics.cachedStateRows += n
+        indexInMemory(j, stateOf(j).visibleRows(),
+          probed.collect { case (_, `j`, ix) => ix }.distinct)
+      }
   }).map(_(index)).getOrElse(stateOf(j).storeFor(index))
 
   // A stored static table between its loads: its stores, through what this executor caches of them.
   private def staticCacheOf(j: Int): StaticInputCache = {
     val spec = job.states(j)
     val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
-    StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation, new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
-      StoreIndex.single(spec.partitionClass),
-      spec.allIndexes.map { case (ix, keys) => ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
-      masterRowBytes, streamRowBytes))
+    StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation,
+      new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
+        StoreIndex.single(spec.partitionClass),
+        spec.allIndexes.map { case (ix, keys) =>
+          ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
+        masterRowBytes, streamRowBytes))
   }
   private val staticViews = mutable.Map[(Int, StoreIndex), JoinStore]()
-  private def staticStored(j: Int, index: StoreIndex): JoinStore = staticViews.getOrElseUpdate((j, index), {
+  private def staticStored(j: Int,
+      index: StoreIndex): JoinStore = staticViews.getOrElseUpdate((j, index), {
     val m = metrics.static(j)
-    staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(), m.hits, m.misses)
+    staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(),
+      m.hits, m.misses)
   })
 
-  /** The delta rule: later starts see this batch's rows; a rescan sees none (its combinations have no new row). */
+  /**
+   * The delta rule: later starts see this batch's rows; a rescan sees none (its combinations have
+   * no new row).
+   */
   private def seesNewRows(partial: Shipped.Partial, input: Int): Boolean = partial match {
     case Shipped.NewRows(start) => input < start
     case Shipped.Rescan(_) => false
   }
 
   /** The store a partial combination probes input `input` through `index` with. */
-  private def storeFor(partial: Shipped.Partial, input: Int, index: StoreIndex): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if seesNewRows(partial, input) => new StageTask.Both(stored(input, index), inMemory(input, index))
+  private def storeFor(partial: Shipped.Partial, input: Int,
+      index: StoreIndex): JoinStore = job.kinds(input) match {
+    case InputKind.Stream if seesNewRows(partial, input) =>
+      new StageTask.Both(stored(input, index), inMemory(input, index))
     case InputKind.Stream => stored(input, index)
     case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
     case _ => inMemory(input, index)
@@ -152,27 +173,34 @@ private[streaming] final class StageTask(
 
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Shipped.Partial, (Route.Segment, ProbeCore)]()
-  private def coreOf(partial: Shipped.Partial): (Route.Segment, ProbeCore) = cores.getOrElseUpdate(partial, {
+  private def coreOf(partial: Shipped.Partial): (Route.Segment, ProbeCore) =
+      cores.getOrElseUpdate(partial, {
     val run = job.planOf(partial)
     val segment = run.segments(stage)
     val rescan = partial.isInstanceOf[Shipped.Rescan]
-    // An outer step pads where no row of its input there is matches: the route binds the stored ones (and the new ones, where
-    // it sees them), so the new ones are checked where it does not.
-    val padding = job.padding.map(p => StreamPadding((input, index) => if (seesNewRows(partial, input)) null else inMemory(input, index),
-      p.now.get, Option.when(rescan)(p.rescanned(partial.start)), Option.when(rescan)(p.due(partial.start))))
+    // An outer step pads where no row of its input there is matches: the route binds the stored
+    // ones (and the new ones, where it sees them), so the new ones are checked where it does not.
+    val padding = job.padding.map(p => StreamPadding(
+      (input, index) => if (seesNewRows(partial, input)) null else inMemory(input, index),
+      p.now.get, Option.when(rescan)(p.rescanned(partial.start)),
+      Option.when(rescan)(p.due(partial.start))))
     val compiled = CompiledRoute.segment(run, segment.from, segment.until, job.outputs, job.result,
-      (input, index) => storeFor(partial, input, index), identity, metrics.inputs, partition, Option.when(job.unmatched.nonEmpty) {
+      (input, index) => storeFor(partial, input, index), identity, metrics.inputs, partition,
+      Option.when(job.unmatched.nonEmpty) {
         (semi: Int, bound: Seq[Attribute]) =>
-          val inInputOrder = UnsafeProjection.create(job.unmatched.find(_.nonPreserved == semi).get.spec.output, bound)
+          val inInputOrder = UnsafeProjection.create(
+            job.unmatched.find(_.nonPreserved == semi).get.spec.output, bound)
           (combination: InternalRow) => settling.waitFor(semi, inInputOrder(combination).copy())
       }, padding)
-    (segment, new ProbeCore(compiled, Option.when(stage == 0 && !rescan)(metrics.inputs(run.start).rowsIn),
+    (segment, new ProbeCore(compiled,
+      Option.when(stage == 0 && !rescan)(metrics.inputs(run.start).rowsIn),
       Option.when(segment.next.isEmpty)(metrics.numOutputRows), context, counters))
   })
 
   /** Rows this stage produces, each with what it is. */
   private def produced(): Iterator[(Shipped, InternalRow)] = {
-    def label(partial: Shipped.Partial, rows: Iterator[InternalRow], segment: Route.Segment): Iterator[(Shipped, InternalRow)] =
+    def label(partial: Shipped.Partial, rows: Iterator[InternalRow],
+        segment: Route.Segment): Iterator[(Shipped, InternalRow)] =
       rows.map(row => (if (segment.next.isEmpty) Shipped.Result else partial, row))
     if (stage == 0) {
       val routes = job.streams.iterator.filter(job.routes.contains).flatMap { start =>
@@ -180,7 +208,8 @@ private[streaming] final class StageTask(
         val (segment, core) = coreOf(partial)
         label(partial, core.join(fresh(start, None)), segment)
       }
-      // The combinations of stored rows only that become due padded now: rescanned from the stored rows of the streams the joins' watermarks read.
+      // The combinations of stored rows only that become due padded now: rescanned from the stored
+      // rows of the streams the joins' watermarks read.
       val rescans = job.padding.iterator.flatMap(_.rescanStarts).flatMap { start =>
         val rescan = Shipped.Rescan(start)
         val (segment, core) = coreOf(rescan)
@@ -188,13 +217,18 @@ private[streaming] final class StageTask(
       }
       routes ++ rescans
     } else {
-      val feeds = mutable.Map[Shipped.Partial, (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
+      val feeds = mutable.Map[Shipped.Partial,
+        (Route.Segment, StageTask.Feed, Iterator[InternalRow])]()
       val resultRow = new UnsafeRow(job.result.size)
-      // (Every semi join's waiting combinations have the same columns: its preserved side is every input that binds rows.)
-      val unmatchedRow = new UnsafeRow(job.unmatched.headOption.map(_.spec.output.size).getOrElse(0))
-      // With time-sliced stores, the shuffle's reading of each combination is timed (its part of T_s).
+      // (Every semi join's waiting combinations have the same columns: its preserved side is every
+      // input that binds rows.)
+      val unmatchedRow =
+        new UnsafeRow(job.unmatched.headOption.map(_.spec.output.size).getOrElse(0))
+      // With time-sliced stores, the shuffle's reading of each combination is timed (its part of
+      // T_s).
       val arriving = metrics.sliceCosts.fold(shipped()) { costs =>
-        new StageTask.TimedWithin[InternalRow](shipped(), costs.shipNanos, row => job.shippedTags.isPartial(row.getInt(0)))
+        new StageTask.TimedWithin[InternalRow](shipped(), costs.shipNanos,
+          row => job.shippedTags.isPartial(row.getInt(0)))
       }
       arriving.flatMap { shippedRow =>
         val envelope = shippedRow.asInstanceOf[UnsafeRow]
@@ -208,7 +242,8 @@ private[streaming] final class StageTask(
           case partial: Shipped.Partial =>
             val (segment, feed, rows) = feeds.getOrElseUpdate(partial, {
               val (segment, core) = coreOf(partial)
-              val feed = new StageTask.Feed(job.boundBy(partial, segment.from + 1).map(job.outputs(_).size).sum)
+              val feed = new StageTask.Feed(
+                job.boundBy(partial, segment.from + 1).map(job.outputs(_).size).sum)
               // Probing a time-sliced store is timed (T_j, with the rows its conditions test).
               val probing = job.planOf(partial).steps(segment.from).input
               val probeNanos = metrics.sliceCosts.flatMap(_.probeNanos.get(probing))
@@ -233,74 +268,95 @@ private[streaming] final class StageTask(
       envelope.zeroOutNullBytes()
       envelope.write(0, job.shippedTags.tag(what))
       bytes.getBaseObject match {
-        case array: Array[Byte] => envelope.write(1, array, (bytes.getBaseOffset - Platform.BYTE_ARRAY_OFFSET).toInt, bytes.getSizeInBytes)
+        case array: Array[Byte] =>
+          envelope.write(1, array, (bytes.getBaseOffset - Platform.BYTE_ARRAY_OFFSET).toInt,
+            bytes.getSizeInBytes)
         case _ => envelope.write(1, bytes.getBytes)
       }
       if (copied) envelope.getRow.copy() else envelope.getRow
     }
-    /** The partition of a row of `attributes` whose store is partitioned by `key` (the one Spark's shuffle of that key gives it). */
+    /**
+     * The partition of a row of `attributes` whose store is partitioned by `key` (the one Spark's
+     * shuffle of that key gives it).
+     */
     def partitionOf(key: Expression, attributes: Seq[Attribute]): UnsafeProjection =
-      UnsafeProjection.create(Seq(HashPartitioning(Seq(key), job.partitions).partitionIdExpression), attributes)
+      UnsafeProjection.create(
+        Seq(HashPartitioning(Seq(key), job.partitions).partitionIdExpression), attributes)
     val targets = mutable.Map[Shipped.Partial, UnsafeProjection]()
-    def targetOf(partial: Shipped.Partial, segment: Route.Segment, keyClass: Int): UnsafeProjection =
+    def targetOf(partial: Shipped.Partial, segment: Route.Segment,
+        keyClass: Int): UnsafeProjection =
         targets.getOrElseUpdate(partial, {
       val bound = job.boundBy(partial, segment.until + 1)
       val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
       partitionOf(value, bound.flatMap(job.outputs))
     })
-    // Into a store spread by time slice: to the partitions of the slices the combination's time range overlaps.
+    // Into a store spread by time slice: to the partitions of the slices the combination's time
+    // range overlaps.
     val slicesOf = mutable.Map[Shipped.Partial, Option[(Int, SliceWindow, UnsafeProjection)]]()
-    def sliceTargets(partial: Shipped.Partial, segment: Route.Segment): Option[(Int, SliceWindow, UnsafeProjection)] =
+    def sliceTargets(partial: Shipped.Partial,
+        segment: Route.Segment): Option[(Int, SliceWindow, UnsafeProjection)] =
         slicesOf.getOrElseUpdate(partial, {
       val run = job.planOf(partial)
       val bound = job.boundBy(partial, segment.until + 1)
       val input = run.steps(segment.until).input
       job.slices.get(input).map { window =>
         val known = window.copy(bounds = window.bounds.filter(b => bound.contains(b.input)))
-        (input, known, UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
+        (input, known,
+          UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
       }
     })
     val all = 0 until job.partitions
-    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the stage that settles them.
-    val unmatched = () => settling.settledLater.map { case (semi, row) => (partition, wrap(Shipped.Unmatched(semi), row)) }
-    // The semi joins settled here: their result rows go on to the last stage, the combinations they let through to the next semi join's partition.
+    // Unmatched combinations stay in this partition (their non-preserved input's store's) until the
+    // stage that settles them.
+    val unmatched = () => settling.settledLater.map { case (semi, row) =>
+      (partition, wrap(Shipped.Unmatched(semi), row)) }
+    // The semi joins settled here: their result rows go on to the last stage, the combinations they
+    // let through to the next semi join's partition.
     val semiTargets = mutable.Map[Int, UnsafeProjection]()
     def semiTargetOf(semi: UnmatchedSpec): UnsafeProjection =
-      semiTargets.getOrElseUpdate(semi.nonPreserved, partitionOf(semi.spec.partitionKey, semi.spec.output))
+      semiTargets.getOrElseUpdate(semi.nonPreserved,
+        partitionOf(semi.spec.partitionKey, semi.spec.output))
     val settled = () => if (!settling.settlesAny) Iterator.empty else {
       val (results, onward) = settling.settle()
       settling.commit()
       committed(settling.writers)
-      results.iterator.map(row => (partition, wrap(Shipped.Result, row))) ++ onward.iterator.map { case (k, combination) =>
-        val semi = job.unmatched(k)
-        (semiTargetOf(semi)(combination).getInt(0), wrap(Shipped.PassedOn(semi.nonPreserved), combination))
-      }
+      results.iterator.map(row => (partition, wrap(Shipped.Result, row))) ++
+        onward.iterator.map { case (k, combination) =>
+          val semi = job.unmatched(k)
+          (semiTargetOf(semi)(combination).getInt(0),
+            wrap(Shipped.PassedOn(semi.nonPreserved), combination))
+        }
     }
     val addressed = StageTask.whenDone(produced().flatMap {
       case (waiting: Shipped.Waiting, row) if settling.settlesHere(waiting) =>
         settling.keep(waiting, row)
         Iterator.empty
-      // A result row or a waiting combination stays in this partition (one goes on only to the last stage).
-      case (staying @ (Shipped.Result | _: Shipped.Waiting), row) => Iterator.single((partition, wrap(staying, row)))
+      // A result row or a waiting combination stays in this partition (one goes on only to the last
+      // stage).
+      case (staying @ (Shipped.Result | _: Shipped.Waiting), row) =>
+        Iterator.single((partition, wrap(staying, row)))
       case (partial: Shipped.Partial, row) =>
         val segment = job.planOf(partial).segments(stage)
         segment.next match {
           case Some(Route.Reach.ByKey(keyClass)) =>
             metrics.shipped += 1
-            Iterator.single((targetOf(partial, segment, keyClass)(row).getInt(0), wrap(partial, row)))
+            Iterator.single((targetOf(partial, segment, keyClass)(row).getInt(0),
+              wrap(partial, row)))
           case _ =>
             val wrapped = wrap(partial, row)
-            val targets = sliceTargets(partial, segment).fold(all.iterator) { case (input, window, times) =>
-              metrics.sliceCosts.foreach(_.combinations(input) += 1)
-              window.partitionsFor(times(row))
-            }
+            val targets =
+              sliceTargets(partial, segment).fold(all.iterator) { case (input, window, times) =>
+                metrics.sliceCosts.foreach(_.combinations(input) += 1)
+                window.partitionsFor(times(row))
+              }
             targets.map { p =>
               metrics.shipped += 1
               (p, wrapped)
             }
         }
     } ++ settled() ++ unmatched(), () => report())
-    // With time-sliced stores, the shuffle's writing of each combination is timed (its part of T_s).
+    // With time-sliced stores, the shuffle's writing of each combination is timed (its part of
+    // T_s).
     metrics.sliceCosts.fold(addressed) { costs =>
       new StageTask.TimedOutside[(Int, UnsafeRow)](addressed, costs.shipNanos,
         { case (_, row) => job.shippedTags.isPartial(row.getInt(0)) })
@@ -316,14 +372,17 @@ private[streaming] final class StageTask(
       case (waiting: Shipped.Waiting, row) =>
         if (!settling.settlesHere(waiting)) {
           throw new IllegalStateException(
-            "UMJoin: a semi join's waiting combination reached the last stage, which does not settle it")
+            "UMJoin: a semi join's waiting combination reached the last stage, " +
+              "which does not settle it")
         }
         settling.keep(waiting, row)
         Iterator.empty
       case (_, row) => Iterator.single(row)
     }
     // (The last stage settles the last semi joins: nothing goes on past them.)
-    StageTask.whenDone(rows ++ (if (!settling.settlesAny) Iterator.empty else settling.settle()._1.iterator), () => finish())
+    StageTask.whenDone(
+      rows ++ (if (!settling.settlesAny) Iterator.empty else settling.settle()._1.iterator),
+      () => finish())
   }
 
   private def finish(): Unit = {
@@ -335,9 +394,10 @@ private[streaming] final class StageTask(
       }
       job.kinds(j) match {
         case InputKind.Stream =>
-          // A sliced stream's event times are reported from the scan that evicts rows: those of the rows it keeps, and of
-          // those among them stored in this batch (a late row evicted at once is no measure of the rate rows come at).
-          // The next batch's slicing is cut past the former, balanced by both's rates.
+          // A sliced stream's event times are reported from the scan that evicts rows: those of the
+          // rows it keeps, and of those among them stored in this batch (a late row evicted at once
+          // is no measure of the rate rows come at). The next batch's slicing is cut past the
+          // former, balanced by both's rates.
           val times = metrics.slicedRows.get(j).map { accumulator =>
             (accumulator, eventTimeOf(j))
           }
@@ -358,7 +418,8 @@ private[streaming] final class StageTask(
               gone
             }
           }
-          times.foreach { case (accumulator, _) => accumulator.add(SlicedRows(Set(partition), stored.times, arrived.times)) }
+          times.foreach { case (accumulator, _) =>
+            accumulator.add(SlicedRows(Set(partition), stored.times, arrived.times)) }
         case _ if job.loads(j) =>
           metrics.removed += writer.removeWhere((_, _) => true)
           store(fresh(j, None))
@@ -394,7 +455,8 @@ private[streaming] final class StageTask(
 
   /** A time-sliced stream's event time, read from its stored rows. */
   private def eventTimeOf(j: Int): UnsafeProjection =
-    GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child), job.outputs(j))
+    GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child),
+      job.outputs(j))
 
   private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
 }
@@ -407,10 +469,14 @@ private[streaming] object StageTask {
    */
   def pointToContent(row: UnsafeRow, envelope: UnsafeRow): Unit = {
     val offsetAndSize = envelope.getLong(1)
-    row.pointTo(envelope.getBaseObject, envelope.getBaseOffset + (offsetAndSize >>> 32), offsetAndSize.toInt)
+    row.pointTo(envelope.getBaseObject, envelope.getBaseOffset + (offsetAndSize >>> 32),
+      offsetAndSize.toInt)
   }
 
-  /** The partial combinations of one route arriving at a task, one at a time, as the probe loop's input. */
+  /**
+   * The partial combinations of one route arriving at a task, one at a time, as the probe loop's
+   * input.
+   */
   final class Feed(numFields: Int) extends Iterator[InternalRow] {
     private val row = new UnsafeRow(numFields)
     private var pending = false
@@ -434,11 +500,15 @@ private[streaming] object StageTask {
     override def close(): Unit = ()
   }
 
-  /** An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the classes' own types. */
+  /**
+   * An in-memory index keyed as [[UMJoinExec.hashable]] keys it, probed with keys of the classes'
+   * own types.
+   */
   def keyedAsBuilt(store: JoinStore, keys: Seq[Expression]): JoinStore =
     if (UMJoinExec.hashable(keys) == keys) store
     else new JoinStore {
-      private val widen = UnsafeProjection.create(UMJoinExec.hashable(keys.zipWithIndex.map { case (k, i) => BoundReference(i, k.dataType, nullable = false) }))
+      private val widen = UnsafeProjection.create(UMJoinExec.hashable(
+        keys.zipWithIndex.map { case (k, i) => BoundReference(i, k.dataType, nullable = false) }))
       override def get(key: UnsafeRow): Iterator[InternalRow] = store.get(widen(key))
       override def isEmpty: Boolean = store.isEmpty
       override def keyCount: Long = store.keyCount
@@ -450,7 +520,8 @@ private[streaming] object StageTask {
    * `rows`, adding to `nanos` the time spent getting them: a row's (with the time since the row
    * before) where `counted`, dropped where not, and the time finding that they ran out.
    */
-  final class TimedWithin[T](rows: Iterator[T], nanos: SQLMetric, counted: T => Boolean) extends Iterator[T] {
+  final class TimedWithin[T](rows: Iterator[T], nanos: SQLMetric,
+      counted: T => Boolean) extends Iterator[T] {
     private var spent = 0L
     override def hasNext: Boolean = {
       val started = System.nanoTime()
@@ -476,7 +547,8 @@ private[streaming] object StageTask {
    * `rows`, adding to `nanos` the time their consumer (a shuffle's writer) takes with each row
    * `counted`: from handing it over until it asks for the next.
    */
-  final class TimedOutside[T](rows: Iterator[T], nanos: SQLMetric, counted: T => Boolean) extends Iterator[T] {
+  final class TimedOutside[T](rows: Iterator[T], nanos: SQLMetric,
+      counted: T => Boolean) extends Iterator[T] {
     private var handedOver = false
     private var handedAt = 0L
     private def back(): Unit = if (handedOver) {
@@ -512,12 +584,17 @@ private[streaming] object StageTask {
   }
 }
 
-/** The shuffle of partial combinations between two stages: each row goes to the partition it is addressed to. */
+/**
+ * The shuffle of partial combinations between two stages: each row goes to the partition it is
+ * addressed to.
+ */
 object ComboShuffle {
-  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int, sc: SparkContext): RDD[InternalRow] = {
+  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int,
+      sc: SparkContext): RDD[InternalRow] = {
     val writeMetrics = SQLShuffleWriteMetricsReporter.createShuffleWriteMetrics(sc)
-    val dependency = new ShuffleDependency[Int, InternalRow, InternalRow](mapSide, new AddressedPartitioner(partitions),
-      new UnsafeRowSerializer(2), shuffleWriterProcessor = ShuffleExchangeExec.createShuffleWriteProcessor(writeMetrics))
+    val dependency = new ShuffleDependency[Int, InternalRow, InternalRow](mapSide,
+      new AddressedPartitioner(partitions), new UnsafeRowSerializer(2),
+      shuffleWriterProcessor = ShuffleExchangeExec.createShuffleWriteProcessor(writeMetrics))
     new ShuffledRowRDD(dependency, SQLShuffleReadMetricsReporter.createShuffleReadMetrics(sc))
   }
 

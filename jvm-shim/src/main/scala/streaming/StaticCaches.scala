@@ -10,7 +10,8 @@ import org.apache.spark.sql.catalyst.expressions.{Expression, UnsafeRow}
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
-import umjoin.spark.core.cost.{CacheModel, KeyStatistics, StaticCacheMode, StaticCacheSettings, StreamRateForecast}
+import umjoin.spark.core.cost.{CacheModel, KeyStatistics, StaticCacheMode, StaticCacheSettings,
+  StreamRateForecast}
 import umjoin.spark.core.probe.StoreIndex
 import umjoin.spark.core.store.{JoinStore, SmallStore}
 
@@ -26,8 +27,12 @@ object StaticCaches {
   private def caches = StreamingRegistry.staticCaches
   private val IdleMs = 10L * 60 * 1000
 
-  /** The cache of load `generation` of the input's table in this partition, empty if there is none yet. */
-  def of(info: StatefulOperatorStateInfo, partition: Int, input: Int, generation: Long, create: => StaticInputCache): StaticInputCache = {
+  /**
+   * The cache of load `generation` of the input's table in this partition, empty if there is none
+   * yet.
+   */
+  def of(info: StatefulOperatorStateInfo, partition: Int, input: Int, generation: Long,
+      create: => StaticInputCache): StaticInputCache = {
     val now = System.currentTimeMillis()
     caches.values.removeIf(_.idleSince(now) > IdleMs)
     val cache = caches.compute(Key(info.queryRunId, info.operatorId, partition, input),
@@ -37,17 +42,19 @@ object StaticCaches {
   }
 
   /** The cache of that load, if this executor has one (for its metrics). */
-  def existing(info: StatefulOperatorStateInfo, partition: Int, input: Int, generation: Long): Option[StaticInputCache] =
-    Option(caches.get(Key(info.queryRunId, info.operatorId, partition, input))).filter(_.generation == generation)
+  def existing(info: StatefulOperatorStateInfo, partition: Int, input: Int,
+      generation: Long): Option[StaticInputCache] =
+    Option(caches.get(Key(info.queryRunId, info.operatorId, partition, input)))
+      .filter(_.generation == generation)
 
 }
 
 /**
  * One partition's cache of one load of a stored static table.
  *
- * `ssbj` (paper 003): the rows of whole keys of the table's partitioning index, chosen after every
- * micro-batch by [[CacheModel]] from m(j), the key's rows in the store (counted when a probe reads
- * them), and n(j), the probes of the key per batch forecast from the batches before
+ * `ssbj` (SSBJ paper 003): the rows of whole keys of the table's partitioning index, chosen after
+ * every micro-batch by [[CacheModel]] from m(j), the key's rows in the store (counted when a probe
+ * reads them), and n(j), the probes of the key per batch forecast from the batches before
  * ([[StreamRateForecast]]). A key the table lacks is cached as an empty entry, at no cost. Probes
  * through other indexes read the store.
  * `all`: every row, indexed by every index of the store, read once from the store; if the rows pass
@@ -69,7 +76,8 @@ final class StaticInputCache(
   private[streaming] def touch(now: Long): Unit = lastUsed = now
   private[streaming] def idleSince(now: Long): Long = now - lastUsed
 
-  // ssbj: cached keys and their rows, the rows per key seen in the store, the probes per key this batch.
+  // ssbj: cached keys and their rows, the rows per key seen in the store, the probes per key this
+  // batch.
   private val cached = new java.util.HashMap[UnsafeRow, Array[UnsafeRow]]()
   private val masterRows = new java.util.HashMap[UnsafeRow, java.lang.Long]()
   private val probes = new java.util.HashMap[UnsafeRow, Array[Long]]()
@@ -90,7 +98,8 @@ final class StaticInputCache(
    * Probes of the table through `index` as the probe loop sees them: from the cache where it holds
    * the key, else from `store` (the committed store), counted as `hits` and `misses`.
    */
-  def view(index: StoreIndex, store: JoinStore, allRows: () => Iterator[InternalRow], hits: SQLMetric, misses: SQLMetric): JoinStore =
+  def view(index: StoreIndex, store: JoinStore, allRows: () => Iterator[InternalRow],
+      hits: SQLMetric, misses: SQLMetric): JoinStore =
     settings.mode match {
       case StaticCacheMode.Off => new StaticInputCache.Counted(store, misses)
       case StaticCacheMode.All =>
@@ -100,20 +109,22 @@ final class StaticInputCache(
           case None => new StaticInputCache.Counted(store, misses)
         }
       case StaticCacheMode.Ssbj if index == partitionIndex => new JoinStore {
-        override def get(key: UnsafeRow): Iterator[InternalRow] = StaticInputCache.this.synchronized {
-          val counter = probes.get(key)
-          if (counter == null) probes.put(key.copy(), Array(1L)) else counter(0) += 1
-          val rows = cached.get(key)
-          if (rows != null) {
-            hits += 1
-            rows.iterator
-          } else {
-            misses += 1
-            val seen = key.copy()
-            var rows = 0L
-            StageTask.whenDone(store.get(key).map { row => rows += 1; row }, () => StaticInputCache.this.synchronized(masterRows.put(seen, rows)))
+        override def get(key: UnsafeRow): Iterator[InternalRow] =
+          StaticInputCache.this.synchronized {
+            val counter = probes.get(key)
+            if (counter == null) probes.put(key.copy(), Array(1L)) else counter(0) += 1
+            val rows = cached.get(key)
+            if (rows != null) {
+              hits += 1
+              rows.iterator
+            } else {
+              misses += 1
+              val seen = key.copy()
+              var rows = 0L
+              StageTask.whenDone(store.get(key).map { row => rows += 1; row },
+                () => StaticInputCache.this.synchronized(masterRows.put(seen, rows)))
+            }
           }
-        }
         override def isEmpty: Boolean = false
         override def keyCount: Long = store.keyCount
         override def sizeInBytes: Long = 0L
@@ -123,14 +134,16 @@ final class StaticInputCache(
     }
 
   /**
-   * After a micro-batch (ssbj): n(j) forecast again from this batch's probes, the keys chosen again,
-   * and keys moved as a whole: a key entering is read from `store` (the table's partitioning index).
+   * After a micro-batch (ssbj): n(j) forecast again from this batch's probes, the keys chosen
+   * again, and keys moved as a whole: a key entering is read from `store` (the table's partitioning
+   * index).
    */
   def endBatch(store: JoinStore): Unit = if (settings.mode == StaticCacheMode.Ssbj) synchronized {
     forecast.observe(probes.asScala.map { case (k, n) => k -> n(0) })
     probes.clear()
     masterRows.keySet.retainAll(forecast.keys.asJava)
-    val statistics = forecast.keys.toSeq.flatMap(k => Option(masterRows.get(k)).map(m => KeyStatistics(k, m.longValue, forecast.rate(k))))
+    val statistics = forecast.keys.toSeq.flatMap(k =>
+      Option(masterRows.get(k)).map(m => KeyStatistics(k, m.longValue, forecast.rate(k))))
     val rowBytes = if (measuredRows > 0) measuredBytes.toDouble / measuredRows else masterRowBytes
     val model = CacheModel(rowBytes, streamRowBytes, settings.hysteresis, settings.maxBytes)
     val chosen = model.choose(statistics, (k: UnsafeRow) => cached.containsKey(k))

@@ -9,48 +9,60 @@ import org.apache.spark.sql.execution.{FileSourceScanExec, LocalTableScanExec, S
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 /**
- * When the stores of a stored static table (paper 003's master data) are written: in the first
- * micro-batch of a query run, and again in a batch that finds the table changed. A table counts as
- * unchanged while its plan is the same (canonically) and every file it reads has the same length
- * and modification time, checked on the driver before each batch. Only plans whose leaves are file
- * scans or local tables, with no nondeterministic expression and no subquery, can be checked
- * ([[versionable]]); any other static table is read in every batch, as Spark reads it.
+ * When the stores of a stored static table (SSBJ's master data, paper 003) are written: in the
+ * first micro-batch of a query run, and again in a batch that finds the table changed. A table
+ * counts as unchanged while its plan is the same (canonically) and every file it reads has the same
+ * length and modification time, checked on the driver before each batch. Only plans whose leaves
+ * are file scans or local tables, with no nondeterministic expression and no subquery, can be
+ * checked ([[versionable]]); any other static table is read in every batch, as Spark reads it.
  *
  * Each load gets a number no other load of this driver has (`generation`): what an executor keeps
- * in memory of a stored table ([[StaticCaches]]) is valid for one load only. The last loads are kept
- * in the query run's [[StreamingRegistry.Run]].
+ * in memory of a stored table ([[StaticCaches]]) is valid for one load only. The last loads are
+ * kept in the query run's [[StreamingRegistry.Run]].
  */
 object StaticVersions {
 
   /** What a static table's rows depend on. */
-  final case class Fingerprint private[StaticVersions] (plan: SparkPlan, files: Seq[(String, Long, Long)])
-  /** A table's last load: what it was loaded from, in which version of its stores, and the load's number. */
-  final case class Loaded private[StaticVersions] (fingerprint: Fingerprint, storeVersion: Long, generation: Long)
+  final case class Fingerprint private[StaticVersions] (plan: SparkPlan,
+      files: Seq[(String, Long, Long)])
+  /**
+   * A table's last load: what it was loaded from, in which version of its stores, and the load's
+   * number.
+   */
+  final case class Loaded private[StaticVersions] (fingerprint: Fingerprint, storeVersion: Long,
+      generation: Long)
 
-  /** What a micro-batch does with a stored static table: write it now (`load`), or probe what load `generation` wrote. */
+  /**
+   * What a micro-batch does with a stored static table: write it now (`load`), or probe what load
+   * `generation` wrote.
+   */
   final case class Decision(load: Boolean, generation: Long)
 
   /** Whether the rows of `plan` can be known unchanged between micro-batches (see above). */
   def versionable(plan: SparkPlan): Boolean =
     !plan.exists(p => p.subqueries.nonEmpty || p.expressions.exists(!_.deterministic)) &&
-      plan.collectLeaves().forall(leaf => leaf.isInstanceOf[FileSourceScanExec] || leaf.isInstanceOf[LocalTableScanExec])
+      plan.collectLeaves().forall(leaf => leaf.isInstanceOf[FileSourceScanExec] ||
+        leaf.isInstanceOf[LocalTableScanExec])
 
   /**
    * This micro-batch's decision for static input `input` (plan `child`). A batch executed again (a
    * foreachBatch sink running its data frame twice) decides as it did the first time, unless the
    * table changed in between.
    */
-  def decide(info: StatefulOperatorStateInfo, input: Int, child: SparkPlan, hadoopConf: Configuration): Decision = {
+  def decide(info: StatefulOperatorStateInfo, input: Int, child: SparkPlan,
+      hadoopConf: Configuration): Decision = {
     val loaded = StreamingRegistry.run(info.queryRunId, child.session.sparkContext).staticLoads
     val key = (info.operatorId, input)
     val now = fingerprint(child, hadoopConf)
     val previous = Option(loaded.get(key))
     previous match {
-      case Some(before) if now.contains(before.fingerprint) && info.storeVersion > before.storeVersion =>
+      case Some(before) if now.contains(before.fingerprint) &&
+          info.storeVersion > before.storeVersion =>
         Decision(load = false, before.generation)
       case _ =>
         val generation = StreamingRegistry.nextGeneration()
-        // A table that cannot be fingerprinted (a file vanished) is loaded in every batch, and never counted unchanged.
+        // A table that cannot be fingerprinted (a file vanished) is loaded in every batch, and
+        // never counted unchanged.
         now match {
           case Some(f) => loaded.put(key, Loaded(f, info.storeVersion, generation))
           case None => loaded.remove(key)

@@ -23,24 +23,34 @@ object StreamAntiJoins extends Rule[LogicalPlan] {
   override def apply(plan: LogicalPlan): LogicalPlan =
     if (!plan.isStreaming || !UMJoinConf.Enabled(key => Option(conf.getConfString(key, null)))) plan
     else plan.transformUp {
-      case j @ Join(left, right, LeftAnti, Some(condition), _) if left.isStreaming && right.isStreaming =>
+      case j @ Join(left, right, LeftAnti, Some(condition), _) if left.isStreaming &&
+          right.isStreaming =>
         val outer = j.copy(joinType = LeftOuter)
         val evicted = StreamingJoinHelper.isWatermarkInJoinKeys(outer) ||
-          StreamingJoinHelper.getStateValueWatermark(left.outputSet, right.outputSet, Some(condition), Some(0L)).isDefined
-        if (!evicted) throw refusal(condition, "no watermark in its join keys, and no watermark on the right side with a time range " +
-          "bounding it by the left side's event time (e.g. r.time BETWEEN l.time AND l.time + INTERVAL 10 MINUTES), so a left row " +
-          "would wait for a match forever")
+          StreamingJoinHelper.getStateValueWatermark(left.outputSet, right.outputSet,
+            Some(condition), Some(0L)).isDefined
+        if (!evicted) throw refusal(condition,
+          "no watermark in its join keys, and no watermark on the right side with a time range " +
+            "bounding it by the left side's event time (e.g. r.time BETWEEN l.time AND l.time + " +
+            "INTERVAL 10 MINUTES), so a left row would wait for a match forever")
         val marker = matchedMarker(condition, right.outputSet).getOrElse(throw refusal(condition,
-          "no conjunct of its condition compares a column of the right side (e.g. l.k = r.k), which tells a matched row from a padded one"))
+          "no conjunct of its condition compares a column of the right side (e.g. l.k = r.k), " +
+            "which tells a matched row from a padded one"))
         Project(left.output, Filter(IsNull(marker), outer))
     }
 
-  /** A right-side column a conjunct of `condition` compares (not null-safe): never NULL in a matched row. */
+  /**
+   * A right-side column a conjunct of `condition` compares (not null-safe): never NULL in a matched
+   * row.
+   */
   private def matchedMarker(condition: Expression, right: AttributeSet): Option[Attribute] =
     ProbeSteps.comparedColumns(condition).find(right.contains)
 
   private def refusal(condition: Expression, missing: String): UnsupportedOperationException =
-    new UnsupportedOperationException(s"UMJoin cannot run the LEFT ANTI join of two streams ON ${condition.sql}: it has $missing. " +
-      "Spark refuses a left anti join of two streams; UMJoin runs it as a left outer join keeping the unmatched left rows, " +
-      "which needs a watermark that rules out later matches.")
+    new UnsupportedOperationException(
+      s"UMJoin cannot run the LEFT ANTI join of two streams ON ${condition.sql}" +
+        s": it has $missing. " +
+        ("Spark refuses a left anti join of two streams; UMJoin runs it as a left outer join " +
+          "keeping the unmatched left rows, ") +
+        "which needs a watermark that rules out later matches.")
 }

@@ -16,24 +16,32 @@ sealed trait InputKind {
 }
 
 object InputKind {
-  /** Its rows arrive in micro-batches and are kept as state, in stores partitioned by one of its join keys. */
+  /**
+   * Its rows arrive in micro-batches and are kept as state, in stores partitioned by one of its
+   * join keys.
+   */
   case object Stream extends InputKind { override val name = "stream" }
-  /** A batch table, broadcast to every task in every micro-batch, as Spark's stream-static join broadcasts it. */
+  /**
+   * A batch table, broadcast to every task in every micro-batch, as Spark's stream-static join
+   * broadcasts it.
+   */
   case object StaticBroadcast extends InputKind { override val name = "static broadcast" }
   /**
    * A batch table too large to broadcast whose rows cannot be known unchanged between micro-batches
-   * (it reads a source other than files, or a nondeterministic expression): read and hash-partitioned
-   * again in every micro-batch, as Spark's stream-static join does.
+   * (it reads a source other than files, or a nondeterministic expression): read and
+   * hash-partitioned again in every micro-batch, as Spark's stream-static join does.
    */
   case object StaticPartitioned extends InputKind { override val name = "static" }
   /**
    * A batch table too large to broadcast, read from files: kept in stores partitioned and indexed
    * like a stream's, written when the query (re)starts and again only when the table changes
-   * ([[umjoin.spark.streaming.StaticVersions]]); between, the micro-batches probe the stores and never read the table.
+   * ([[umjoin.spark.streaming.StaticVersions]]); between, the micro-batches probe the stores and
+   * never read the table.
    */
   case object StaticStored extends InputKind { override val name = "static stored" }
 
-  val byName: Map[String, InputKind] = Seq(Stream, StaticBroadcast, StaticPartitioned, StaticStored).map(k => k.name -> k).toMap
+  val byName: Map[String, InputKind] =
+    Seq(Stream, StaticBroadcast, StaticPartitioned, StaticStored).map(k => k.name -> k).toMap
 
   /** Kinds whose rows live in the StreamingUMJoin's state stores. */
   def isStored(kind: InputKind): Boolean = kind == Stream || kind == StaticStored
@@ -43,16 +51,17 @@ object InputKind {
  * How a streaming UMJoin keeps and probes its inputs: per input its kind, the key class its rows
  * are hash-partitioned on (None for a broadcast table), the further indexes of a stream's store
  * (so that a row sent to all partitions finds its matches by keys it carries; an index on several
- * classes is one multi-column key), and the route of every stream's new rows. Chosen by the probe-cost model (paper 002, [[ProbeCost]]) when
- * a query starts on a new checkpoint, and read back from the checkpoint ever after: the state is
- * laid out by it. `statistics` says what the model's figures were (shown in `explain()`).
+ * classes is one multi-column key), and the route of every stream's new rows. Chosen by the
+ * probe-cost model (CLASH paper 002, [[ProbeCost]]) when a query starts on a new checkpoint, and
+ * read back from the checkpoint ever after: the state is laid out by it. `statistics` says what the
+ * model's figures were (shown in `explain()`).
  *
- * `timeSlices`: per input, how its rows are spread over the partitions by time slice (paper 004,
- * PSP), where it is partitioned on a time-slice class ([[TimeSlice]]: a join without an equi-join
- * key, whose one value would put the whole state in one partition). Such a store keeps each row in
- * the partition of its event time's slice ([[TimeSliceRing]]), and a partial combination is sent to
- * the partitions of the slices its time range overlaps ([[SliceWindow]]): every row is stored once,
- * and a combination found once, where its row of that store lives.
+ * `timeSlices`: per input, how its rows are spread over the partitions by time slice (PSP paper
+ * 004, PSP), where it is partitioned on a time-slice class ([[TimeSlice]]: a join without an
+ * equi-join key, whose one value would put the whole state in one partition). Such a store keeps
+ * each row in the partition of its event time's slice ([[TimeSliceRing]]), and a partial
+ * combination is sent to the partitions of the slices its time range overlaps ([[SliceWindow]]):
+ * every row is stored once, and a combination found once, where its row of that store lives.
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
@@ -73,14 +82,15 @@ final case class StreamingLayout(
    * and then nothing changes). A slicing recorded by a version before stretches keeps its count
    * until its earlier rows are `drained(i)`.
    */
-  def resliced(slices: (Int, TimeSlicing) => Int, spanMs: Int => Option[Long], drained: Int => Boolean,
-      rows: Int => Option[SlicedRows]): StreamingLayout =
+  def resliced(slices: (Int, TimeSlicing) => Int, spanMs: Int => Option[Long],
+      drained: Int => Boolean, rows: Int => Option[SlicedRows]): StreamingLayout =
     copy(timeSlices = timeSlices.indices.map { i =>
       timeSlices(i).map { current =>
         val kept = if (drained(i)) current.copy(earlierWidthsMs = Nil) else current
         (for (reported <- rows(i); span <- spanMs(i) if kept.earlierWidthsMs.isEmpty) yield {
           val count = slices(i, kept)
-          kept.recut(count, TimeSlicing.balancedWidth(span, count, reported, Option.when(count == kept.slices)(kept.widthMs)), reported.stored.range)
+          kept.recut(count, TimeSlicing.balancedWidth(span, count, reported,
+            Option.when(count == kept.slices)(kept.widthMs)), reported.stored.range)
         }).getOrElse(kept)
       }
     })
@@ -89,9 +99,11 @@ final case class StreamingLayout(
 
   /**
    * The inputs whose rows live in state stores: the stored static tables, and the streams where
-   * there are several (the only stream of a join with static tables keeps no row: no later row can join it).
+   * there are several (the only stream of a join with static tables keeps no row: no later row can
+   * join it).
    */
-  def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored || (kinds(i) == InputKind.Stream && streams.size > 1))
+  def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored ||
+    (kinds(i) == InputKind.Stream && streams.size > 1))
 
   /**
    * `route` planned over `graph` as this layout runs it: a store partitioned on a class whose value
@@ -102,33 +114,44 @@ final case class StreamingLayout(
    * probed input's key is the same expression in both (an order key that several outer joins
    * match, each in a class of its own). Any other store is reached in all partitions and probed by
    * its widest index whose classes the combination all carries (one through the route's edge where
-   * there is one), or else by an index whose classes it carries as the same expression of the store.
-   * A static table indexed in memory per batch is probed by every class of it the combination carries.
+   * there is one), or else by an index whose classes it carries as the same expression of the
+   * store. A static table indexed in memory per batch is probed by every class of it the
+   * combination carries.
    */
   def plan(graph: JoinGraph, route: Route): Route.Plan = {
     val access = reaches(graph, route)
     val lookup = route.order.tail.zip(access.map(_._2)).toMap
     val planned = ProbeSteps.along(graph, route, input => Seq(lookup(input)))
-    planned.copy(steps = planned.steps.zip(access).map { case (step, (reach, _)) => step.copy(reach = reach) })
+    planned.copy(
+      steps = planned.steps.zip(access).map { case (step, (reach, _)) => step.copy(reach = reach) })
   }
 
-  /** Per step of `route`: how the combinations reach the store, and the index it is probed through (see [[plan]]). */
+  /**
+   * Per step of `route`: how the combinations reach the store, and the index it is probed through
+   * (see [[plan]]).
+   */
   private def reaches(graph: JoinGraph, route: Route): Seq[(Route.Reach, StoreIndex)] = {
-    def classesOf(input: Int): Set[Int] = graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
+    def classesOf(input: Int): Set[Int] =
+      graph.classes.indices.filter(graph.classes(_).inputs.contains(input)).toSet
     def key(input: Int, c: Int): Expression = graph.classes(c).keyOf(input).get.canonicalized
-    // Per bound class, the expression its value comes from (the first bound input's), as ProbeSteps binds it.
+    // Per bound class, the expression its value comes from (the first bound input's), as ProbeSteps
+    // binds it.
     val value = mutable.Map[Int, Expression]()
-    def bind(input: Int): Unit = classesOf(input).foreach(c => if (!value.contains(c)) value(c) = key(input, c))
-    // The values the combination's partition is the hash of: the one that placed it, and those known equal to it.
+    def bind(input: Int): Unit =
+      classesOf(input).foreach(c => if (!value.contains(c)) value(c) = key(input, c))
+    // The values the combination's partition is the hash of: the one that placed it, and those
+    // known equal to it.
     val placedBy = mutable.Set[Expression]()
-    partitionClass(route.start).filterNot(_ => isTimeSliced(route.start)).foreach(c => placedBy += key(route.start, c))
+    partitionClass(route.start).filterNot(_ => isTimeSliced(route.start))
+      .foreach(c => placedBy += key(route.start, c))
     bind(route.start)
     route.edges.map { case (from, to) =>
       val carried = StoreIndex((classesOf(to) intersect value.keySet).toSeq.sorted)
       val step = partitionClass(to) match {
         case None => (Route.Reach.Local, carried)
         // A store spread by time slice is reached in all partitions, each probing its slice.
-        case Some(p) => (if (isTimeSliced(to)) None else ProbeSteps.servingClass(graph, to, p, value.contains)) match {
+        case Some(p) => (if (isTimeSliced(to)) None
+            else ProbeSteps.servingClass(graph, to, p, value.contains)) match {
           case Some(c) =>
             val reach = if (placedBy.contains(value(c))) Route.Reach.Local else {
               placedBy.clear()
@@ -140,18 +163,22 @@ final case class StreamingLayout(
             placedBy.clear()
             if (!isTimeSliced(to)) placedBy += key(to, p)
             val lookup = if (!InputKind.isStored(kinds(to))) Some(carried)
-              else if (isTimeSliced(to) && value.contains(p)) Some(StoreIndex.single(p))  // (the slice class's one value: every row of the slice)
+              // (the slice class's one value: every row of the slice)
+              else if (isTimeSliced(to) && value.contains(p)) Some(StoreIndex.single(p))
               else {
                 val edge = classesOf(from) intersect classesOf(to)
-                // An index on a class also serves a carried class whose key in `to` is the same expression (see `choose`).
+                // An index on a class also serves a carried class whose key in `to` is the same
+                // expression (see `choose`).
                 ProbeSteps.usableIndexes(graph, to, indexes(to), value.contains)
                   .sortBy(ix => (!ix.classes.exists(edge.contains), -ix.classes.size)).headOption
               }
             (Route.Reach.AllPartitions, lookup.getOrElse(throw new IllegalStateException(
-              s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from by no index of its store")))
+              s"UMJoin route ${route.order.mkString("->")}: input $to is reached from $from" +
+                " by no index of its store")))
         }
       }
-      // A matched row's keys equal the values it was found by: where one placed the combination, they did too.
+      // A matched row's keys equal the values it was found by: where one placed the combination,
+      // they did too.
       classesOf(to).foreach(c => if (value.get(c).exists(placedBy.contains)) placedBy += key(to, c))
       bind(to)
       classesOf(to).foreach(c => if (placedBy.contains(key(to, c))) placedBy += value(c))
@@ -160,31 +187,39 @@ final case class StreamingLayout(
   }
 
   /** The indexes `route`'s steps probe in all partitions of a store (the ones a layout keeps). */
-  private[streaming] def allPartitionLookups(graph: JoinGraph, route: Route): Seq[(Int, StoreIndex)] =
-    route.order.tail.zip(reaches(graph, route)).collect { case (input, (Route.Reach.AllPartitions, index)) => (input, index) }
+  private[streaming] def allPartitionLookups(graph: JoinGraph,
+      route: Route): Seq[(Int, StoreIndex)] =
+    route.order.tail.zip(reaches(graph, route))
+      .collect { case (input, (Route.Reach.AllPartitions, index)) => (input, index) }
 
   /**
-   * The probe steps this layout can run whatever was bound before, for the adaptive policies: into a
-   * table indexed in memory through any shared class; into a store through its partitioning class, or
-   * through an index all of whose classes the probing input carries itself.
+   * The probe steps this layout can run whatever was bound before, for the adaptive policies: into
+   * a table indexed in memory through any shared class; into a store through its partitioning
+   * class, or through an index all of whose classes the probing input carries itself.
    */
   def probeGraph(graph: JoinGraph): ProbeGraph = {
     val n = kinds.size
     ProbeGraph(n, for {
       from <- 0 until n
       to <- 0 until n
-      shared = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) && graph.classes(c).inputs.contains(to))
-      if from != to && shared.nonEmpty && (!InputKind.isStored(kinds(to)) || partitionClass(to).exists(shared.contains) ||
-        indexes(to).exists(_.classes.forall(shared.contains)))
+      shared = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(from) &&
+        graph.classes(c).inputs.contains(to))
+      if from != to && shared.nonEmpty &&
+        (!InputKind.isStored(kinds(to)) || partitionClass(to).exists(shared.contains) ||
+          indexes(to).exists(_.classes.forall(shared.contains)))
     } yield (from, to))
   }
 
-  /** Whether `graph` (see [[probeGraph]]) has a route from every stream through all inputs: else an adaptive policy has nothing to choose. */
+  /**
+   * Whether `graph` (see [[probeGraph]]) has a route from every stream through all inputs: else an
+   * adaptive policy has nothing to choose.
+   */
   def routable(graph: ProbeGraph): Boolean = streams.forall { start =>
     val reached = scala.collection.mutable.Set(start)
     var grew = true
     while (grew) {
-      val next = graph.edges.collect { case (f, t) if reached.contains(f) && !reached.contains(t) => t }
+      val next =
+        graph.edges.collect { case (f, t) if reached.contains(f) && !reached.contains(t) => t }
       grew = next.nonEmpty
       reached ++= next
     }
@@ -196,51 +231,66 @@ object StreamingLayout {
 
   /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
-   * route from [[ProbeCost.optimize]]; a store (a stream's, a stored table's) is then indexed for each step of a route
-   * that reaches it in all its partitions. With `compositeIndexes` such an index covers every class
-   * of the store the combination carries there (one lookup finds exactly the rows agreeing on all
-   * of them, where one class alone may find many that a later condition drops: TPC-H Q9's lineitems
-   * of one supplier, 600 at SF 1, against 7.5 of one supplier and part); otherwise it is on one
-   * class the route's edge shares, which any input sharing that class can probe (what the adaptive
-   * policies need: they change routes within what the layout can probe).
+   * route from [[ProbeCost.optimize]]; a store (a stream's, a stored table's) is then indexed for
+   * each step of a route that reaches it in all its partitions. With `compositeIndexes` such an
+   * index covers every class of the store the combination carries there (one lookup finds exactly
+   * the rows agreeing on all of them, where one class alone may find many that a later condition
+   * drops: TPC-H Q9's lineitems of one supplier, 600 at SF 1, against 7.5 of one supplier and
+   * part); otherwise it is on one class the route's edge shares, which any input sharing that class
+   * can probe (what the adaptive policies need: they change routes within what the layout can
+   * probe).
    */
-  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String, partitions: Int,
-      compositeIndexes: Boolean, timeSpanMs: Int => Option[Long], slicesPerSpan: Int): StreamingLayout = {
+  def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String,
+      partitions: Int, compositeIndexes: Boolean, timeSpanMs: Int => Option[Long],
+      slicesPerSpan: Int): StreamingLayout = {
     val n = kinds.size
-    val classesOf = (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
+    val classesOf =
+      (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
     val candidates = (0 until n).map { i =>
       if (kinds(i) == InputKind.StaticBroadcast) Nil
-      else classesOf(i).sortBy(c => (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
+      else classesOf(i).sortBy(c =>
+        (-graph.classes(c).inputs.size, !isIntegral(graph.classes(c).members.head._2.dataType), c))
     }
-    val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates, kinds.indices.filter(kinds(_) == InputKind.Stream))
+    val costGraph = CostGraph(n, graph.classes.map(_.inputs).toIndexedSeq, candidates,
+      kinds.indices.filter(kinds(_) == InputKind.Stream))
     val optimal = ProbeCost.optimize(costGraph, sizes, partitions)
-    val choice = optimal.copy(routes = optimal.routes.map { case (start, route) => start -> nonPreservedLast(graph, route) })
-    // Every index a step could use; the routes' steps then pick theirs (the widest usable), and only those are kept.
+    val choice = optimal.copy(routes = optimal.routes.map { case (start, route) =>
+      start -> nonPreservedLast(graph, route)
+    })
+    // Every index a step could use; the routes' steps then pick theirs (the widest usable), and
+    // only those are kept.
     val possible = classesOf.map { cs =>
-      if (compositeIndexes) (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
+      if (compositeIndexes)
+        (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
     }
     val sliced = (0 until n).map { i =>
       val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall {
         case (_, TimeSlice(time)) => SliceWindow.isTimestamp(time.dataType)
         case _ => false
       })
-      // `slicesPerSpan` slices over the event times a row's matches span (at least 1 ms each), on a ring of all partitions.
-      // (Only in groups of inner joins: outer and semi joins' waiting combinations are placed by their keys, untested with slices.)
+      // `slicesPerSpan` slices over the event times a row's matches span (at least 1 ms each), on a
+      // ring of all partitions. (Only in groups of inner joins: outer and semi joins' waiting
+      // combinations are placed by their keys, untested with slices.)
       val inner = graph.outer.isEmpty && graph.filters.isEmpty
       if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None
-      else timeSpanMs(i).map(span => TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan)))
+      else timeSpanMs(i).map(span =>
+        TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan)))
     }
-    val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes, choice.cost, statistics, sliced)
+    val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes,
+      choice.cost, statistics, sliced)
     val indexes = (0 until n).map { i =>
       if (!InputKind.isStored(kinds(i))) Nil
       else {
         // (A semi join's stream starts no route: its rows only let combinations through.)
-        val probed = choice.routes.values.toSeq.filterNot(route => graph.filters.contains(route.start)).flatMap { route =>
-          provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
-        }.distinct.filterNot(ix => choice.partitioning(i).map(StoreIndex.single).contains(ix)).sortBy(_.classes.mkString(","))
-        // One index per key of the input: outer joins' ON keys are classes of their own, so several joins on one column
-        // of it would each index that column. The first serves them all (`plan` probes it with any carried class of
-        // the same expression). Not for an outer or semi join's non-preserved input: it is probed by its own ON keys.
+        val probed = choice.routes.values.toSeq.filterNot(
+          route => graph.filters.contains(route.start)).flatMap { route =>
+            provisional.allPartitionLookups(graph, route).collect { case (`i`, ix) => ix }
+          }.distinct.filterNot(ix => choice.partitioning(i).map(StoreIndex.single).contains(ix))
+            .sortBy(_.classes.mkString(","))
+        // One index per key of the input: outer joins' ON keys are classes of their own, so several
+        // joins on one column of it would each index that column. The first serves them all (`plan`
+        // probes it with any carried class of the same expression). Not for an outer or semi join's
+        // non-preserved input: it is probed by its own ON keys.
         if (graph.outer.contains(i) || graph.filters.contains(i)) probed
         else probed.distinctBy(_.classes.map(c => graph.classes(c).keyOf(i).get.canonicalized))
       }
@@ -252,42 +302,54 @@ object StreamingLayout {
    * `route` with the non-preserved inputs of the outer and semi joins probed last (all but the one
    * the route starts at), the semi join's after the outer ones: everything their conditions read is
    * bound by then, and the rows bound before them are a whole combination of the preserved inputs
-   * (the group's inner inputs), which each of them matches, pads with NULLs or lets through. The other inputs keep their order where
-   * they can, each reached from an input before it (they are connected without the non-preserved
-   * ones, or the group does not convert).
+   * (the group's inner inputs), which each of them matches, pads with NULLs or lets through. The
+   * other inputs keep their order where they can, each reached from an input before it (they are
+   * connected without the non-preserved ones, or the group does not convert).
    */
   def nonPreservedLast(graph: JoinGraph, route: Route): Route = {
-    // A semi join's input last of all: the combination it lets through, or hands to its waiting store, is then whole.
-    // (Several in input order, lowest join first, as Spark applies them.)
+    // A semi join's input last of all: the combination it lets through, or hands to its waiting
+    // store, is then whole. (Several in input order, lowest join first, as Spark applies them.)
     val semis = graph.filters.keys.toSeq.sorted.filter(_ != route.start)
     val moved = graph.outer.keys.toSeq.sorted.filter(_ != route.start) ++ semis
     val last = route.order.takeRight(moved.size)
-    if (moved.isEmpty || last.sorted == moved.sorted && last.takeRight(semis.size) == semis && isPreservedFirst(graph, route, moved)) route
+    if (moved.isEmpty || last.sorted == moved.sorted && last.takeRight(semis.size) == semis &&
+        isPreservedFirst(graph, route, moved)) route
     else {
-      val shares = (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
+      val shares =
+        (a: Int, b: Int) => graph.classes.exists(c => c.inputs.contains(a) && c.inputs.contains(b))
       val placed = scala.collection.mutable.ArrayBuffer(route.start)
       val edges = scala.collection.mutable.ArrayBuffer[(Int, Int)]()
       var remaining = route.order.tail.filterNot(moved.contains)
       while (remaining.nonEmpty) {
-        val next = remaining.find(r => placed.exists(shares(_, r))).getOrElse(throw new IllegalStateException(
-          s"UMJoin route ${route.order.mkString("->")}: the preserved inputs of the joins of inputs ${moved.mkString(", ")} are not connected without them"))
-        val from = route.edges.collectFirst { case (f, `next`) if placed.contains(f) => f }.getOrElse(placed.find(shares(_, next)).get)
+        val next = remaining.find(r => placed.exists(shares(_, r)))
+          .getOrElse(throw new IllegalStateException(
+            s"UMJoin route ${route.order.mkString("->")}" +
+              s": the preserved inputs of the joins of inputs ${moved.mkString(", ")}" +
+              " are not connected without them"))
+        val from = route.edges.collectFirst { case (f, `next`) if placed.contains(f) => f }
+          .getOrElse(placed.find(shares(_, next)).get)
         edges += ((from, next))
         placed += next
         remaining = remaining.filter(_ != next)
       }
-      // Each non-preserved input is probed from an input of its join's preserved side that shares its key.
+      // Each non-preserved input is probed from an input of its join's preserved side that shares
+      // its key.
       val preserved = placed.toSet
       moved.foreach { o =>
-        edges += ((graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs).find(preserved.contains).get, o))
+        edges += ((graph.classes.filter(_.inputs.contains(o)).flatMap(_.inputs)
+          .find(preserved.contains).get, o))
       }
       Route(route.start, edges.toSeq)
     }
   }
 
-  /** Whether every one of `moved` in `route` is probed from a preserved input (not from another of them). */
+  /**
+   * Whether every one of `moved` in `route` is probed from a preserved input (not from another of
+   * them).
+   */
   private def isPreservedFirst(graph: JoinGraph, route: Route, moved: Seq[Int]): Boolean =
     route.edges.forall { case (from, to) => !moved.contains(to) || !moved.contains(from) }
 
-  private def isIntegral(t: DataType): Boolean = Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
+  private def isIntegral(t: DataType): Boolean =
+    Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
 }

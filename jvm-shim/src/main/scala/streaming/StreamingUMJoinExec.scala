@@ -5,11 +5,13 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
-import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution, HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection, StatefulOpClusteredDistribution, UnknownPartitioning}
+import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution,
+  HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection,
+  StatefulOpClusteredDistribution, UnknownPartitioning}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.metric.SQLMetric
-import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StatefulOperatorStateInfo,
-  StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric,
+  StatefulOperatorStateInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
@@ -23,9 +25,9 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * group, keeping one store per stream and no intermediate result.
  *
  * Layout ([[StreamingLayout]], chosen by paper 002's probe-cost model): each stream's store is
- * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the further
- * classes some route probes it through; a static table is broadcast, or partitioned like a stream:
- * kept in stores like a stream's, written when the query starts and when the table changed
+ * hash-partitioned on one of its join key classes (its child's exchange), and indexed by the
+ * further classes some route probes it through; a static table is broadcast, or partitioned like a
+ * stream: kept in stores like a stream's, written when the query starts and when the table changed
  * ([[StaticVersions]]), and probed through an executor's cache of its hot keys ([[StaticCaches]],
  * paper 003), or, where its rows cannot be known unchanged, read again every batch. Every stream's
  * new rows probe the other stores along its route.
@@ -46,25 +48,28 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * inputs): their streams are probed last, by their ON clauses; a combination no row of one
  * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
  * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of its
- * `paddingStarts` stream, whose stored rows are kept until its join padded them). And LEFT SEMI joins
- * anywhere, one above the other on one key: their streams are probed last, lowest first, and a
- * combination no stored row of one matches waits in a store of its own, partitioned as that
+ * `paddingStarts` stream, whose stored rows are kept until its join padded them). And LEFT SEMI
+ * joins anywhere, one above the other on one key: their streams are probed last, lowest first, and
+ * a combination no stored row of one matches waits in a store of its own, partitioned as that
  * stream's store, until a later row matches it (it goes on to the next, or comes out, once) or
  * `unmatchable` (per semi join's input) says no later row can (it is dropped). With an adaptive
  * `probeOrder`, the tasks count every probe's outcome and the driver chooses the routes again
  * between micro-batches ([[StreamingRoutes]]).
  *
- * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops them)
+ * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops
+ *                    them)
  * @param evictable   per input, its stored rows no future row can join any more
- * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl): rows
- *                    stored longer ago are not probed any more, and removed
+ * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl):
+ *                    rows stored longer ago are not probed any more, and removed
  * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
  *                    partition holds at most this many (spark.umjoin.stateCacheRows)
- * @param staticCache what executors keep in memory of stored static tables (spark.umjoin.staticCache)
+ * @param staticCache what executors keep in memory of stored static tables
+ *                    (spark.umjoin.staticCache)
  * @param sliceBounds per input spread by time slice, how far its event time can be from each other
- *                    stream's in a result (see [[SliceWindow]]): a combination is sent only to the slices that range overlaps
- * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's join
- *                    tree (see [[umjoin.spark.streaming.JoinWatermarks]])
+ *                    stream's in a result (see [[SliceWindow]]): a combination is sent only to the
+ *                    slices that range overlaps
+ * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's
+ *                    join tree (see [[umjoin.spark.streaming.JoinWatermarks]])
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -91,7 +96,8 @@ case class StreamingUMJoinExec(
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = "umJoin"
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
-    InputState.storeName(j) +: layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
+    InputState.storeName(j) +:
+      layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
   } ++ semiInputs.map(InputState.unmatchedStoreName)
 
   /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
@@ -100,8 +106,12 @@ case class StreamingUMJoinExec(
   private def joinGraph: JoinGraph =
     graphShape.withExpressions(graphExpressions)
 
-  /** Input j's expression for the class it is partitioned on (None: broadcast): the key of its store. */
-  private def partitionKey(j: Int): Option[Expression] = layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
+  /**
+   * Input j's expression for the class it is partitioned on (None: broadcast): the key of its
+   * store.
+   */
+  private def partitionKey(j: Int): Option[Expression] =
+    layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
 
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
     StreamingUMJoinExec.placement(layout, joinGraph, j, getStateInfo.numPartitions) match {
@@ -111,44 +121,54 @@ case class StreamingUMJoinExec(
   }
 
   /**
-   * Where every partitioned input is on one key class (and none is spread by time slice), each route
-   * runs in the partition its start row was placed in, so each result comes out in the partition of
-   * its value of that class: hash-partitioned by each input's key of it, as the child's exchange
-   * placed the rows (an outer join's non-preserved key is NULL where padded, a semi join's is not
-   * put out). Spark's joins put their rows out the same way, so an operator above keyed by that
-   * key needs no exchange. Otherwise unknown: a route ending on another class puts its results out
-   * in that class's partitions.
+   * Where every partitioned input is on one key class (and none is spread by time slice), each
+   * route runs in the partition its start row was placed in, so each result comes out in the
+   * partition of its value of that class: hash-partitioned by each input's key of it, as the
+   * child's exchange placed the rows (an outer join's non-preserved key is NULL where padded, a
+   * semi join's is not put out). Spark's joins put their rows out the same way, so an operator
+   * above keyed by that key needs no exchange. Otherwise unknown: a route ending on another class
+   * puts its results out in that class's partitions.
    */
   override def outputPartitioning: Partitioning = {
     val graph = joinGraph
     val partitions = getStateInfo.numPartitions
     val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
-    val keys = partitioned.filterNot(j => graphShape.outer.contains(j) || graphShape.filters.contains(j))
-      .flatMap(StreamingUMJoinExec.placement(layout, graph, _, partitions)).filter(_.references.subsetOf(outputSet))
-    if (partitioned.flatMap(layout.partitionClass).distinct.size != 1 || partitioned.exists(layout.isTimeSliced) || keys.isEmpty) {
+    val keys = partitioned
+      .filterNot(j => graphShape.outer.contains(j) || graphShape.filters.contains(j))
+      .flatMap(StreamingUMJoinExec.placement(layout, graph, _, partitions))
+      .filter(_.references.subsetOf(outputSet))
+    if (partitioned.flatMap(layout.partitionClass).distinct.size != 1 ||
+        partitioned.exists(layout.isTimeSliced) || keys.isEmpty) {
       UnknownPartitioning(partitions)
     } else PartitioningCollection(keys.map(key => HashPartitioning(Seq(key), partitions)))
   }
 
-  // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on the
-  // joins this node replaces, before it exists.
-  override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
+  // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on
+  // the joins this node replaces, before it exists.
+  override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long,
+      stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
 
-  /** Per input: its state (rows, index entries, bytes) and its probes; they show in the query's progress too. */
+  /**
+   * Per input: its state (rows, index entries, bytes) and its probes; they show in the query's
+   * progress too.
+   */
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = {
     import OperatorMetrics._
     val sliced = layout.timeSlices.exists(_.isDefined)
-    Seq(RouteChanges, CombinationsShipped, StateRowsReadIntoMemory, MemoryIndexBytes).map(_.declared) ++
+    Seq(RouteChanges, CombinationsShipped, StateRowsReadIntoMemory, MemoryIndexBytes)
+      .map(_.declared) ++
       (if (sliced) Seq(ShipNanos.declared) else Nil) ++
       children.indices.flatMap { i =>
-        val perInput = Seq(StateRows, StateIndexEntries, StateBytes, RowsIn, Probes, Matches, EarlyStops,
-          ConditionChecks, CostlyChecks) ++
-          (if (layout.isTimeSliced(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations, SliceProbeNanos)
+        val perInput = Seq(StateRows, StateIndexEntries, StateBytes, RowsIn, Probes, Matches,
+          EarlyStops, ConditionChecks, CostlyChecks) ++
+          (if (layout.isTimeSliced(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations,
+            SliceProbeNanos)
           else Nil) ++
           (if (graphShape.outer.contains(i)) Seq(NullPadded) else Nil) ++
           (if (semiInputs.contains(i)) Seq(SemiDropped, UnmatchedRows) else Nil) ++
           (if (layout.kinds(i) == InputKind.StaticStored) {
-            Seq(StaticLoads, StaticCacheHits, StaticCacheMisses, StaticCachedKeys, StaticCachedBytes, StaticDiskBytes)
+            Seq(StaticLoads, StaticCacheHits, StaticCacheMisses, StaticCachedKeys,
+              StaticCachedBytes, StaticDiskBytes)
           } else Nil)
         perInput.map(_.declared(i, inputLabels(i)))
       }
@@ -159,16 +179,21 @@ case class StreamingUMJoinExec(
 
   private def inputMetrics(i: Int): InputMetrics = {
     import OperatorMetrics._
-    InputMetrics(metric(RowsIn, i), metric(Probes, i), metric(Matches, i), metric(EarlyStops, i), metric(StateBytes, i),
-      Option.when(graphShape.outer.contains(i))(metric(NullPadded, i)), Some(metric(ConditionChecks, i)),
-      Some(metric(CostlyChecks, i)))
+    InputMetrics(metric(RowsIn, i), metric(Probes, i), metric(Matches, i), metric(EarlyStops, i),
+      metric(StateBytes, i), Option.when(graphShape.outer.contains(i))(metric(NullPadded, i)),
+      Some(metric(ConditionChecks, i)), Some(metric(CostlyChecks, i)))
   }
 
-  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = Some(inputWatermarkMs + outputWatermarkShiftMs)
+  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] =
+    Some(inputWatermarkMs + outputWatermarkShiftMs)
 
-  /** A batch with no new rows still runs when the watermark moved past what the state holds, or what waits to be padded. */
+  /**
+   * A batch with no new rows still runs when the watermark moved past what the state holds, or what
+   * waits to be padded.
+   */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
-    (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+    (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) &&
+      eventTimeWatermarkForEviction.exists(newInputWatermark > _)
 
   /**
    * The memory and provider metrics of an input's index stores count as the operator's; their
@@ -184,30 +209,43 @@ case class StreamingUMJoinExec(
   }
 
   /** Per stored input, where a partition keeps its rows. */
-  private def inputStates(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Map[Int, InputStateSpec] =
+  private def inputStates(graph: JoinGraph,
+      outputs: IndexedSeq[Seq[Attribute]]): Map[Int, InputStateSpec] =
     layout.stored.map { j =>
       j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
-        layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)), InputState.storeName(j))
+        layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)),
+        InputState.storeName(j))
     }.toMap
 
-  /** Where a partition keeps the combinations waiting for each semi join's first match, lowest join first. */
-  private def unmatchedStates(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]]): Seq[UnmatchedSpec] =
+  /**
+   * Where a partition keeps the combinations waiting for each semi join's first match, lowest join
+   * first.
+   */
+  private def unmatchedStates(graph: JoinGraph,
+      outputs: IndexedSeq[Seq[Attribute]]): Seq[UnmatchedSpec] =
     semiInputs.map { o =>
       val key = graph.classes.indexWhere(_.inputs.contains(o))
       val preserved = graph.joined.filter(_ != o)
       // A waiting combination may be padded for an outer input: its columns are read as nullable.
-      val columns = preserved.flatMap(i => if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
+      val columns = preserved.flatMap(i =>
+        if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
       UnmatchedSpec(o,
-        InputStateSpec(o, columns, key, graph.classes(key).members.collectFirst { case (i, e) if graph.joined.contains(i) => e }.get, Nil,
+        InputStateSpec(o, columns, key, graph.classes(key).members
+          .collectFirst { case (i, e) if graph.joined.contains(i) => e }.get, Nil,
           InputState.unmatchedStoreName(o)),
-        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And), unmatchable(o))
+        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And),
+        unmatchable(o))
     }
 
-  /** Every state a partition of this operator keeps (each one's stores are `rowStore` and `indexStores`). */
+  /**
+   * Every state a partition of this operator keeps (each one's stores are `rowStore` and
+   * `indexStores`).
+   */
   def stateSpecs: Seq[InputStateSpec] = {
     val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
-    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++ unmatchedStates(graph, outputs).map(_.spec)
+    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++
+      unmatchedStates(graph, outputs).map(_.spec)
   }
 
   override protected def doExecute(): RDD[InternalRow] = {
@@ -220,30 +258,37 @@ case class StreamingUMJoinExec(
     checkpoint.recordLayout(layout, graph, outputs, inputLabels)
     if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
 
-    // The routes of this batch: the plan's, or chosen again from the statistics of the batches before.
+    // The routes of this batch: the plan's, or chosen again from the statistics of the batches
+    // before.
     val probeGraph = layout.probeGraph(graph)
     val fanOut = probeGraph.edges.map { case (from, to) =>
-      val carried = !layout.isTimeSliced(to) && layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
+      val carried = !layout.isTimeSliced(to) &&
+        layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
-    val (allRoutes, changed) = StreamingRoutes.next(StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, probeGraph, layout.routes, probeOrder, cost, partitions)
-    // A semi join's stream starts no route: its rows only let combinations through, at their first match.
+    val (allRoutes, changed) = StreamingRoutes.next(
+      StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, probeGraph,
+      layout.routes, probeOrder, cost, partitions)
+    // A semi join's stream starts no route: its rows only let combinations through, at their first
+    // match.
     val routes = allRoutes.filter { case (start, _) => !graphShape.filters.contains(start) }
     metric(OperatorMetrics.RouteChanges) += changed
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
-      StreamingRoutes.collect(StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, accumulator)
+      StreamingRoutes.collect(StreamingRegistry.run(info.queryRunId, sparkContext),
+        info.operatorId, accumulator)
       accumulator
     }
 
     // Stored static tables: loaded into their stores in this batch, or probed there.
-    val staticLoads = layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
-      val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
-      if (decision.load) metric(OperatorMetrics.StaticLoads, j) += 1
-      j -> decision
-    }.toMap
+    val staticLoads =
+      layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
+        val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
+        if (decision.load) metric(OperatorMetrics.StaticLoads, j) += 1
+        j -> decision
+      }.toMap
     val job = MicroBatchJob(
       graph = graph,
       kinds = layout.kinds,
@@ -259,38 +304,52 @@ case class StreamingUMJoinExec(
       stateCacheRows = stateCacheRows,
       staticLoads = staticLoads,
       staticCache = staticCache,
-      staticRowBytes = staticLoads.keys.map(j => j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
+      staticRowBytes = staticLoads.keys.map(j =>
+        j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
       unmatched = unmatchedStates(graph, outputs),
       padding = Option.when(paddingStarts.exists(_.isDefined)) {
         val outer = graphShape.outer.keys.toSeq
         // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
-        OuterPadding(outer.map(o => o -> paddingStarts(o).get).toMap, outer.map(o => o -> paddedNow(o).get).toMap, outer.map(o => o -> paddedBefore(o).get).toMap,
-          outer.map(o => o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
+        OuterPadding(outer.map(o => o -> paddingStarts(o).get).toMap,
+          outer.map(o => o -> paddedNow(o).get).toMap,
+          outer.map(o => o -> paddedBefore(o).get).toMap,
+          outer.map(o =>
+            o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
-      slices = children.indices.filter(layout.isTimeSliced).map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,
+      slices = children.indices.filter(layout.isTimeSliced)
+        .map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,
       partitions = partitions,
       info = info)
-    // Rows an earlier time slicing placed are counted in every batch until none is left; the next batch's planning reads the count.
-    val sliceDrains: Map[Int, SliceDrain] = children.indices.filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
-      val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator, metric(OperatorMetrics.EarlierSliceRows, j))
-      StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains.put((info.operatorId, j), drain)
-      j -> drain
-    }.toMap
-    // What probing and shipping cost in this batch, and the event times stored after it; the next batch's
-    // planning reads them (with `auto` slices, the count: SliceCount; a new slicing is cut past those times).
+    // Rows an earlier time slicing placed are counted in every batch until none is left; the next
+    // batch's planning reads the count.
+    val sliceDrains: Map[Int, SliceDrain] = children.indices
+      .filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
+        val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator,
+          metric(OperatorMetrics.EarlierSliceRows, j))
+        StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains
+          .put((info.operatorId, j), drain)
+        j -> drain
+      }.toMap
+    // What probing and shipping cost in this batch, and the event times stored after it; the next
+    // batch's planning reads them (with `auto` slices, the count: SliceCount; a new slicing is cut
+    // past those times).
     val sliced = children.indices.filter(layout.isTimeSliced)
     val slicedRows = sliced.map { j =>
       val accumulator = new SlicedRowsAccumulator
-      sparkContext.register(accumulator, s"UMJoin sliced rows' event times, operator ${info.operatorId}, input $j")
+      sparkContext.register(accumulator,
+        s"UMJoin sliced rows' event times, operator ${info.operatorId}, input $j")
       j -> accumulator
     }.toMap
     val sliceCosts = Option.when(sliced.nonEmpty) {
-      val measured = SliceCostMetrics(sliced.map(j => j -> metric(OperatorMetrics.SliceCombinations, j)).toMap,
-        sliced.map(j => j -> metric(OperatorMetrics.SliceProbeNanos, j)).toMap, metric(OperatorMetrics.ShipNanos))
-      StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId, SliceCosts(info.storeVersion,
-        sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
-        sliced.map(j => j -> metric(OperatorMetrics.ConditionChecks, j)).toMap, metric(OperatorMetrics.CombinationsShipped),
-        slicedRows))
+      val measured = SliceCostMetrics(
+        sliced.map(j => j -> metric(OperatorMetrics.SliceCombinations, j)).toMap,
+        sliced.map(j => j -> metric(OperatorMetrics.SliceProbeNanos, j)).toMap,
+        metric(OperatorMetrics.ShipNanos))
+      StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId,
+        SliceCosts(info.storeVersion,
+          sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
+          sliced.map(j => j -> metric(OperatorMetrics.ConditionChecks, j)).toMap,
+          metric(OperatorMetrics.CombinationsShipped), slicedRows))
       measured
     }
     val metrics = StageMetrics(
@@ -310,26 +369,33 @@ case class StreamingUMJoinExec(
       slicedRows = slicedRows,
       static = staticLoads.keys.map { i =>
         import OperatorMetrics._
-        i -> StaticMetrics(metric(StaticCacheHits, i), metric(StaticCacheMisses, i), metric(StaticCachedKeys, i),
-          metric(StaticCachedBytes, i), metric(StaticDiskBytes, i))
+        i -> StaticMetrics(metric(StaticCacheHits, i), metric(StaticCacheMisses, i),
+          metric(StaticCachedKeys, i), metric(StaticCachedBytes, i), metric(StaticDiskBytes, i))
       }.toMap,
       unmatched = semiInputs.map { o =>
-        o -> UnmatchedMetrics(metric(OperatorMetrics.SemiDropped, o), metric(OperatorMetrics.UnmatchedRows, o))
+        o -> UnmatchedMetrics(metric(OperatorMetrics.SemiDropped, o),
+          metric(OperatorMetrics.UnmatchedRows, o))
       }.toMap)
     val storeConfs = InputStateConf(conf)
-    // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch, not with every task.
+    // Broadcast: an executor reads the Hadoop configuration (hundreds of entries) once per batch,
+    // not with every task.
     val serializableConf = sparkContext.broadcast(new SerializableConfiguration(hadoopConf))
     val self = this
 
-    // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is loaded); broadcast tables as rows.
-    val partitioned = children.indices.filter(j => layout.partitionClass(j).isDefined && staticLoads.get(j).forall(_.load))
+    // Partitioned inputs travel as their exchanges deliver them (a stored table only when it is
+    // loaded); broadcast tables as rows.
+    val partitioned = children.indices.filter(j => layout.partitionClass(j).isDefined &&
+      staticLoads.get(j).forall(_.load))
     val position = partitioned.zipWithIndex.toMap
     val inputRdds = partitioned.map(children(_).execute())
-    val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(children(j).executeBroadcast[Array[InternalRow]]()))
+    val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(
+      children(j).executeBroadcast[Array[InternalRow]]()))
 
-    def task(stage: Int, context: org.apache.spark.TaskContext, read: Int => Iterator[InternalRow]): StageTask =
-      new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value, () => read(partitioned.size),
-        metrics, storeConfs, serializableConf.value.value, statistics, writers => {
+    def task(stage: Int, context: org.apache.spark.TaskContext,
+        read: Int => Iterator[InternalRow]): StageTask =
+      new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value,
+        () => read(partitioned.size), metrics, storeConfs, serializableConf.value.value,
+        statistics, writers => {
           writers.foreach(w => self.setStoreMetrics(w.primary, false))
           writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
           self.setOperatorMetrics(writers.map(_.stores.size).sum)
@@ -337,19 +403,24 @@ case class StreamingUMJoinExec(
 
     // Every stage's task k reads the stores of partition k: it runs where they were last loaded.
     val storesLoaded = Some(StateStoreLocations.of(session, info, stateStoreNames))
-    val shuffled = (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
-      val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous, (context, read) => task(stage, context, read).shipping(),
-        storesLoaded)
-      Some(ComboShuffle(mapSide, partitions, sparkContext))
-    }
-    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled, (context, read) => task(job.stageCount - 1, context, read).results(),
-      storesLoaded)
+    val shuffled =
+      (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
+        val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous,
+          (context, read) => task(stage, context, read).shipping(), storesLoaded)
+        Some(ComboShuffle(mapSide, partitions, sparkContext))
+      }
+    new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled,
+      (context, read) => task(job.stageCount - 1, context, read).results(), storesLoaded)
   }
 
   /** A row's bytes as Spark estimates them from its schema. */
-  private def rowBytes(attributes: Seq[Attribute]): Double = attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
+  private def rowBytes(attributes: Seq[Attribute]): Double =
+    attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
 
-  /** v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the routes' steps into it. */
+  /**
+   * v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the
+   * routes' steps into it.
+   */
   private def probingRowBytes(j: Int, routes: Seq[Route], outputs: Seq[Seq[Attribute]]): Double = {
     val sizes = routes.flatMap(route => route.order.indexOf(j) match {
       case p if p > 0 => Some(rowBytes(route.order.take(p).flatMap(outputs)))
@@ -370,46 +441,62 @@ case class StreamingUMJoinExec(
           }
           val static = kind match {
             case InputKind.Stream if graphShape.outer.contains(i) =>
-              s"left outer: padded with NULLs once the watermark rules out a match (by #${paddingStarts(i).get}'s event time), "
-            case InputKind.Stream if graphShape.filters.contains(i) => "left semi: unmatched combinations wait for it, "
+              s"left outer: padded with NULLs once the watermark rules out a match (by #" +
+                s"${paddingStarts(i).get}'s event time), "
+            case InputKind.Stream if graphShape.filters.contains(i) =>
+              "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
             case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
             case _ => "static, read every batch, "
           }
           val slices = layout.timeSlices(i).fold("") { t =>
-            // (Event times before a later stretch's start, where rows of an earlier count may be stored, are cut as they were.)
+            // (Event times before a later stretch's start, where rows of an earlier count may be
+            // stored, are cut as they were.)
             val earlier = t.stretches.init.map(_.widthMs) ++ t.earlierWidthsMs
-            s", ${t.slices} time slices per window" + earlier.distinct.filter(_ != t.widthMs).map(w => s", rows placed by slices of $w ms still probed there").mkString
+            s", ${t.slices} time slices per window" + earlier.distinct.filter(_ != t.widthMs)
+              .map(w => s", rows placed by slices of $w ms still probed there").mkString
           }
-          s"${static}partitioned by ${StreamingUMJoinExec.placement(layout, graph, i, getStateInfo.numPartitions).get}$slices" +
+          s"${static}partitioned by ${StreamingUMJoinExec.placement(
+            layout, graph, i, getStateInfo.numPartitions).get}$slices" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
       s"#$i ${inputLabels(i)} ($placement)"
     }.mkString(", ")
-    val routes = layout.routes.toSeq.sortBy(_._1).filter { case (start, _) => !graphShape.filters.contains(start) }.map { case (start, route) =>
-      s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route), layout.isTimeSliced)
-    }.take(maxFields).mkString("; ")
+    val routes = layout.routes.toSeq.sortBy(_._1)
+      .filter { case (start, _) => !graphShape.filters.contains(start) }
+      .map { case (start, route) =>
+        s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route), layout.isTimeSliced)
+      }.take(maxFields).mkString("; ")
     val keys = graph.classes.map(_.members.map(_._2).mkString(" = ")).take(maxFields).mkString(", ")
-    // An outer join's ON clause decides which of its rows match; the other conditions drop combinations.
-    val conditions = graph.residuals.map(r => r.outer.map(o => s"ON #$o: ${r.condition}").getOrElse(r.condition.toString))
-    val conditionText = if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
+    // An outer join's ON clause decides which of its rows match; the other conditions drop
+    // combinations.
+    val conditions = graph.residuals.map(r =>
+      r.outer.map(o => s"ON #$o: ${r.condition}").getOrElse(r.condition.toString))
+    val conditionText =
+      if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
     s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
-      f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+      f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${
+        layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${
+        stateInfo.map(_.operatorId).getOrElse("?")}"
   }
 
-  override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
+  override protected def withNewChildrenInternal(
+      newChildren: IndexedSeq[SparkPlan]): StreamingUMJoinExec =
     copy(children = newChildren)
 }
 
 object StreamingUMJoinExec {
 
   /**
-   * What input j's rows are hash-partitioned by into `partitions` (None: broadcast): its key for the
-   * class it is partitioned on, or, for a store spread by time slice, its event time's slice's place on the ring.
+   * What input j's rows are hash-partitioned by into `partitions` (None: broadcast): its key for
+   * the class it is partitioned on, or, for a store spread by time slice, its event time's slice's
+   * place on the ring.
    */
-  def placement(layout: StreamingLayout, graph: JoinGraph, j: Int, partitions: Int): Option[Expression] =
+  def placement(layout: StreamingLayout, graph: JoinGraph, j: Int,
+      partitions: Int): Option[Expression] =
     layout.partitionClass(j).map(c => graph.classes(c).keyOf(j).get).map {
-      case TimeSlice(time) if layout.isTimeSliced(j) => TimeSliceRing(time, layout.timeSlices(j).get, partitions)
+      case TimeSlice(time) if layout.isTimeSliced(j) =>
+        TimeSliceRing(time, layout.timeSlices(j).get, partitions)
       case key => key
     }
 

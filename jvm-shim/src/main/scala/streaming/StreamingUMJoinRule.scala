@@ -8,18 +8,23 @@ import org.apache.hadoop.fs.Path
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce, EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
+import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce,
+  EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec,
+  SortExec, SparkPlan}
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
-import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, EnsureRequirements, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, EnsureRequirements,
+  ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
-import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, WatermarkSupport}
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.{StreamingSymmetricHashJoinExec, StreamingSymmetricHashJoinHelper}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo,
+  WatermarkSupport}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
+  StreamingSymmetricHashJoinExec, StreamingSymmetricHashJoinHelper}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
@@ -58,24 +63,26 @@ final case class StreamingGroupPlan(
  * (`now`) and in the one before (`before`), over the columns of stream `starts(o)`, the one whose
  * event time that watermark reads.
  */
-final case class PaddingPlan(starts: Map[Int, Int], now: Map[Int, Expression], before: Map[Int, Expression])
+final case class PaddingPlan(starts: Map[Int, Int], now: Map[Int, Expression],
+    before: Map[Int, Expression])
 
 /**
  * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
  * stream-stream joins their state (operator ids, checkpoint, partitions, watermarks) and inserted
- * their exchanges. TSC runs on this physical plan with the member patterns of `rules/streaming.yaml`;
- * every group of inner equi-joins whose inputs are connected by join keys becomes one
- * StreamingUMJoin, which keeps the top stream-stream join's state identity (operator id) and,
- * through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark bookkeeping.
- * A group of one stream and static tables, one of them stored, takes a new operator id
+ * their exchanges. TSC runs on this physical plan with the member patterns of
+ * `rules/streaming.yaml`; every group of inner equi-joins whose inputs are connected by join keys
+ * becomes one StreamingUMJoin, which keeps the top stream-stream join's state identity (operator
+ * id) and, through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark
+ * bookkeeping. A group of one stream and static tables, one of them stored, takes a new operator id
  * ([[MicroBatchIdentity]]): Spark's stream-static joins keep no state to take over.
  * The layout of its state (each input's partitioning key and indexes, the routes) is chosen by the
  * probe-cost model when the query starts on a new checkpoint, and read from the checkpoint after.
  * What cannot be converted keeps Spark's joins, and the reason is logged once per query run.
  *
- * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans stream-stream
- * joins with its own strategy before any extension strategy and assigns state only to its built-in
- * operators, so the only place that sees the joins together with their state is the prepared plan.
+ * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans
+ * stream-stream joins with its own strategy before any extension strategy and assigns state only to
+ * its built-in operators, so the only place that sees the joins together with their state is the
+ * prepared plan.
  */
 final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[SparkPlan])
   extends Rule[SparkPlan] with PredicateHelper with Logging {
@@ -84,57 +91,79 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   override def apply(planned: SparkPlan): SparkPlan = {
     val whole = planned.exists(_.isInstanceOf[WholeMicroBatchExec])
-    val plan = if (whole) planned.transform { case marker: WholeMicroBatchExec => marker.child } else planned
-    val stateful = plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
-    // Without a stream-stream join, a micro-batch may still join one stream with stored static tables.
-    // Spark plans such a micro-batch adaptively unless WholeMicroBatchStrategy marked it: then this rule
-    // sees one query stage at a time, never a whole join.
-    lazy val microBatch = if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
-    lazy val adaptive = !whole && (plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]) ||
-      WholeMicroBatchStrategy.sparkPlansAdaptively(session.sessionState.conf))
+    val plan =
+      if (whole) planned.transform { case marker: WholeMicroBatchExec => marker.child } else planned
+    val stateful =
+      plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
+    // Without a stream-stream join, a micro-batch may still join one stream with stored static
+    // tables. Spark plans such a micro-batch adaptively unless WholeMicroBatchStrategy marked it:
+    // then this rule sees one query stage at a time, never a whole join.
+    lazy val microBatch =
+      if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
+    lazy val adaptive = !whole &&
+      (plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]) ||
+        WholeMicroBatchStrategy.sparkPlansAdaptively(session.sessionState.conf))
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
-      if (UMJoinConf.from(session.sessionState.conf).enabled && plan.exists(_.isInstanceOf[BaseJoinExec]) &&
-          StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext, StreamingUMJoinRule.AdaptiveStreamStatic))
+      if (UMJoinConf.from(session.sessionState.conf).enabled &&
+          plan.exists(_.isInstanceOf[BaseJoinExec]) &&
+          StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext,
+            StreamingUMJoinRule.AdaptiveStreamStatic))
         logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
       plan
     } else if (stateful.isEmpty && microBatch.isEmpty) plan
     else {
       val conf = UMJoinConf.from(session.sessionState.conf)
       val runId = stateful.headOption.map(_.getStateInfo.queryRunId).getOrElse(microBatch.get.runId)
-      // A group without a stream-stream join gets a new operator id, by its root's place among the plan's joins.
+      // A group without a stream-stream join gets a new operator id, by its root's place among the
+      // plan's joins.
       val joins = plan.collect { case j: BaseJoinExec => j }
       def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
-        microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1, session.sessionState.conf.numShufflePartitions))
-      def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId, session.sparkContext, message)) logInfo(s"UMJoin: $message")
-      // Groups are tried several times while being split; an input's first micro-batch is measured once.
-      val measured = new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
+        microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1,
+          session.sessionState.conf.numShufflePartitions))
+      def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
+        session.sparkContext, message)) logInfo(s"UMJoin: $message")
+      // Groups are tried several times while being split; an input's first micro-batch is measured
+      // once.
+      val measured =
+        new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
       def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
         def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
         val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
-        FirstBatchStatistics.measure(missing).zip(missing).foreach { case (figures, (input, keys)) =>
-          known(input)(keys) = figures
+        FirstBatchStatistics.measure(missing).zip(missing).foreach {
+          case (figures, (input, keys)) =>
+            known(input)(keys) = figures
         }
         wanted.map { case (input, keys) => known(input)(keys) }
       }
       val mismatched = mutable.Map[Long, String]()
       val accepted =
-        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf, g => conf.minInputsOf(timeSliced(g)),
-          tryPlan(_, measure, !conf.probeOrder.adaptive, conf.storeStaticTables, conf.timeSlices, newOperator, mismatched))
-          .acceptedGroups(plan, (root, reason) => unconverted(s"the join group under ${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
+        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
+          g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
+            conf.storeStaticTables, conf.timeSlices, newOperator, mismatched))
+          .acceptedGroups(plan, (root, reason) => unconverted("the join group under " +
+            s"${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
-      // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say why it stays too.
+      // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
+      // why it stays too.
       if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
-        val why = if (j.joinType == FullOuter) " (both its sides are padded: a StreamingUMJoin pads one side per outer join; alone, with " +
-          "join trees on its sides cut off, it would keep its two inputs in state, as Spark's join does)" else ""
-        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no ${j.joinType.sql} stream-stream joins$why")
+        val why =
+          if (j.joinType == FullOuter) " (both its sides are padded: a StreamingUMJoin pads one " +
+            "side per outer join; alone, with join trees on its sides cut off, it would keep its " +
+            "two inputs in state, as Spark's join does)"
+          else ""
+        unconverted(
+          s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no " +
+            s"${j.joinType.sql} stream-stream joins$why")
       }
       val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
       accepted.foreach { case (group, p) => plans.put(group.root, p) }
       checkCheckpoint(plan, accepted.flatMap(_._2.identity), mismatched)
-      val converted = tsc.getMultiJoinNode(plan, accepted.map(_._1), (group, inputs) => build(group, plans.get(group.root), inputs, conf))
-      // Spark placed its exchanges for the joins it planned: an operator above a group (a stream-stream join the group
-      // does not take, a deduplication) may read their output as partitioned by a join key, with no exchange between.
-      // A StreamingUMJoin's rows are partitioned otherwise, so what is above it is given the partitioning it requires.
+      val converted = tsc.getMultiJoinNode(plan, accepted.map(_._1),
+        (group, inputs) => build(group, plans.get(group.root), inputs, conf))
+      // Spark placed its exchanges for the joins it planned: an operator above a group (a
+      // stream-stream join the group does not take, a deduplication) may read their output as
+      // partitioned by a join key, with no exchange between. A StreamingUMJoin's rows are
+      // partitioned otherwise, so what is above it is given the partitioning it requires.
       if (accepted.isEmpty) converted else EnsureRequirements().apply(converted)
     }
   }
@@ -143,9 +172,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
    * state is either UMJoin's (one store per stream, under the top join's operator id, with its
    * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
-   * this names the problem instead (`mismatched`: why the groups tried did not fit an operator's recorded layout).
+   * this names the problem instead (`mismatched`: why the groups tried did not fit an operator's
+   * recorded layout).
    */
-  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec], mismatched: scala.collection.Map[Long, String]): Unit = {
+  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec],
+      mismatched: scala.collection.Map[Long, String]): Unit = {
     lazy val hadoopConf = session.sessionState.newHadoopConf()
     plan.foreach {
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
@@ -154,25 +185,36 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         val hasUMJoinState = checkpoint.hasUMJoinState
         val isUMJoin = identities.exists(_ eq join)
         if (isUMJoin && checkpoint.hasStoresWithoutLayout) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
-            s"${info.operatorId} written by an earlier version of UMJoin, whose state layout this version cannot read. Use a new " +
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+            s" holds StreamingUMJoin state for operator ${info.operatorId}" +
+            (" written by an earlier version of UMJoin, whose state layout this version cannot " +
+              "read. Use a new ") +
             s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
         }
         if (isUMJoin && !hasUMJoinState && checkpoint.hasSparkJoinState) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds Spark's stream-stream join state " +
-            s"for operator ${info.operatorId}, written without UMJoin; UMJoin cannot continue it. Restart with " +
-            s"spark.umjoin.enabled=false, or use a new checkpoint location to run this query with UMJoin.")
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+            " holds Spark's stream-stream join state " + s"for operator ${info.operatorId}" +
+            ", written without UMJoin; UMJoin cannot continue it. Restart with " +
+            ("spark.umjoin.enabled=false, or use a new checkpoint location to run this query " +
+              "with UMJoin."))
         }
         if (isUMJoin && !hasUMJoinState) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} has no state for operator ${info.operatorId} " +
-            s"(no StreamingUMJoin layout record, ${checkpoint.layoutFile}, and no state of Spark's join), although micro-batch " +
-            s"${info.storeVersion} continues a query that ran before: it was deleted or moved. Restore it, or use a new checkpoint location.")
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+            s" has no state for operator ${info.operatorId} " +
+            s"(no StreamingUMJoin layout record, ${checkpoint.layoutFile}" +
+            s", and no state of Spark's join), although micro-batch ${info.storeVersion}" +
+            (" continues a query that ran before: it was deleted or moved. Restore it, or use a " +
+              "new checkpoint location."))
         }
         if (!isUMJoin && hasUMJoinState) {
-          mismatched.get(info.operatorId).foreach(refusal => throw new IllegalStateException(refusal))
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation} holds StreamingUMJoin state for operator " +
-            s"${info.operatorId}, but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is false, or the " +
-            s"join no longer converts). Restart with the settings the checkpoint was written with, or use a new checkpoint location.")
+          mismatched.get(info.operatorId)
+            .foreach(refusal => throw new IllegalStateException(refusal))
+          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+            s" holds StreamingUMJoin state for operator ${info.operatorId}" +
+            (", but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is " +
+              "false, or the ") +
+            ("join no longer converts). Restart with the settings the checkpoint was written " +
+              "with, or use a new checkpoint location."))
         }
       case _ =>
     }
@@ -183,52 +225,68 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * it, that projection, which cuts the join tree into groups: said with the reason a group stays.
    */
   private def cutBy(plan: SparkPlan, root: SparkPlan): String = {
-    def parentOf(node: SparkPlan): Option[SparkPlan] = plan.collectFirst { case p if p.children.exists(_ eq node) => p }
+    def parentOf(node: SparkPlan): Option[SparkPlan] =
+      plan.collectFirst { case p if p.children.exists(_ eq node) => p }
     def above(node: SparkPlan): Option[SparkPlan] = parentOf(node).flatMap {
       case p @ (_: ShuffleExchangeExec | _: SortExec) => above(p)
       case p => Some(p)
     }
     above(root) match {
-      case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty && p.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec]) &&
-          plan.exists(j => j.isInstanceOf[StreamingSymmetricHashJoinExec] && j.children.exists(_.exists(_ eq p))) =>
+      case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty &&
+          p.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec]) &&
+          plan.exists(j => j.isInstanceOf[StreamingSymmetricHashJoinExec] &&
+            j.children.exists(_.exists(_ eq p))) =>
         val computed = p.projectList.filterNot(_.deterministic).map(_.sql)
-        s"; the projection [${p.projectList.map(_.sql).mkString(", ")}] above it cuts it from the stream-stream join above: " +
-          (if (computed.nonEmpty) s"its columns ${computed.mkString(", ")} are not deterministic (a StreamingUMJoin would compute them once per result row, not once per intermediate row)"
+        s"; the projection [${p.projectList.map(_.sql).mkString(", ")}" +
+          "] above it cuts it from the stream-stream join above: " +
+          (if (computed.nonEmpty) s"its columns ${computed.mkString(", ")}" +
+            (" are not deterministic (a StreamingUMJoin would compute them once per result row, " +
+              "not once per intermediate row)")
           else "rules/streaming.yaml admits no such projection into a join group")
       case _ => ""
     }
   }
 
   /**
-   * A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k = y_k`
-   * (without expression ids, which change from one micro-batch to the next: a reason is told once).
+   * A join as the reasons name it: its type and keys, e.g. `LEFT OUTER stream-stream join on x_k =
+   * y_k` (without expression ids, which change from one micro-batch to the next: a reason is told
+   * once).
    */
   private def describe(node: SparkPlan): String = node match {
     case j: StreamingSymmetricHashJoinExec =>
-      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys).map { case (l, r) => s"${l.sql} = ${r.sql}" }.mkString(" AND ")}"
+      s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys)
+        .map { case (l, r) => s"${l.sql} = ${r.sql}" }.mkString(" AND ")}"
     case other => other.nodeName
   }
 
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
-   * composite with `compositeIndexes`; its large static tables stored where they can be with `storeStatic`;
-   * its event times cut into `timeSlices` slices where it has no equi-join key, None: Spark's default parallelism).
-   * `mismatched` hears, per operator, why a checkpoint's recorded layout does not fit the group tried.
+   * composite with `compositeIndexes`; its large static tables stored where they can be with
+   * `storeStatic`; its event times cut into `timeSlices` slices where it has no equi-join key,
+   * None: Spark's default parallelism). `mismatched` hears, per operator, why a checkpoint's
+   * recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan],
       measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
-      compositeIndexes: Boolean, storeStatic: Boolean, timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
+      compositeIndexes: Boolean, storeStatic: Boolean,
+      timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
     val unmarked = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
-    // Columns the group's projections compute (renamed, re-marked or computed), as expressions over the inputs' columns.
+    // Columns the group's projections compute (renamed, re-marked or computed), as expressions over
+    // the inputs' columns.
     val aliases: Map[ExprId, Expression] =
-      group.members.collect { case p: ProjectExec => p.projectList.collect { case a: Alias => a.exprId -> a.child } }.flatten.toMap
-    def resolve(e: Expression): Expression = e.transformUp { case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId)) }
+      group.members.collect { case p: ProjectExec =>
+        p.projectList.collect { case a: Alias => a.exprId -> a.child }
+      }.flatten.toMap
+    def resolve(e: Expression): Expression = e.transformUp {
+      case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId))
+    }
     def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
-      (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
+      (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++
+        j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
     val semiAndOuter = semiAndOuterJoins(group, kinds)
     val (semiJoins, outerJoins) = semiAndOuter.getOrElse((Nil, Nil))
     val nonInner = semiJoins ++ outerJoins
@@ -236,7 +294,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       case j: StreamingSymmetricHashJoinExec if nonInner.exists(_._1 eq j) => Nil
       case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
       case j: BaseJoinExec =>
-        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++ j.condition.toSeq.flatMap(splitConjunctivePredicates)
+        j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++
+          j.condition.toSeq.flatMap(splitConjunctivePredicates)
       case f: FilterExec => splitConjunctivePredicates(f.condition)
       case _ => Nil
     }.map(resolve)
@@ -245,65 +304,95 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val filters = lateFilters.getOrElse(Nil)
     val unmarkedOutputs = unmarked.map(_.output)
     val combined = filters.filterNot(_.atArrival(unmarkedOutputs))
-    val marks = unmarked.indices.map(i => combined.filter(_.streams.contains(i)).map(StreamingWatermarks.mark))
-    val inputs = unmarked.zip(marks).map { case (input, m) => if (m.isEmpty) input else ProjectExec(input.output ++ m, input) }
+    val marks = unmarked.indices.map(i =>
+      combined.filter(_.streams.contains(i)).map(StreamingWatermarks.mark))
+    val inputs = unmarked.zip(marks)
+      .map { case (input, m) => if (m.isEmpty) input else ProjectExec(input.output ++ m, input) }
     val outputs = inputs.map(_.output)
-    // The group's output computed from the inputs' columns; the StreamingUMJoin puts out those it reads.
+    // The group's output computed from the inputs' columns; the StreamingUMJoin puts out those it
+    // reads.
     val resultColumns = group.root.output.map(a => a -> resolve(a))
-    val computed = resultColumns.exists { case (a, e) => !(e.isInstanceOf[Attribute] && e.asInstanceOf[Attribute].exprId == a.exprId) }
+    val computed = resultColumns.exists { case (a, e) => !(e.isInstanceOf[Attribute] &&
+      e.asInstanceOf[Attribute].exprId == a.exprId) }
     val read = AttributeSet(resultColumns.flatMap(_._2.references))
     val resultInputs = outputs.flatten.filter(read.contains).distinct
     val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
-    // A group without a stream-stream join has UMJoin state only if it ran as one before (the checkpoint's choice then stays).
+    // A group without a stream-stream join has UMJoin state only if it ran as one before (the
+    // checkpoint's choice then stays).
     val recorded = stateful.isEmpty && checkpoint.exists(_.hasLayout)
-    // State the group would not read: Spark's join's (UMJoin off, or the join not converted then), or that of a
-    // StreamingUMJoin under a join other than the group's first. Those joins go on as they ran.
-    val ranOnItsOwn = stateful.zipWithIndex.map { case (j, k) => (j.getStateInfo, k) }.filter { case (s, k) =>
-      lazy val written = StreamingRegistry.run(s.queryRunId, session.sparkContext).writtenBefore.computeIfAbsent(s.operatorId,
-        _ => OperatorCheckpoint.writtenBy(new OperatorCheckpoint(s, session.sessionState.newHadoopConf())))
-      s.storeVersion > 0 && (written.sparkJoin || k > 0 && written.umjoin)
-    }.map(_._1)
+    // State the group would not read: Spark's join's (UMJoin off, or the join not converted then),
+    // or that of a StreamingUMJoin under a join other than the group's first. Those joins go on as
+    // they ran.
+    val ranOnItsOwn =
+      stateful.zipWithIndex.map { case (j, k) => (j.getStateInfo, k) }.filter { case (s, k) =>
+        lazy val written = StreamingRegistry.run(s.queryRunId,
+          session.sparkContext).writtenBefore.computeIfAbsent(s.operatorId,
+            _ => OperatorCheckpoint.writtenBy(new OperatorCheckpoint(s,
+              session.sessionState.newHadoopConf())))
+        s.storeVersion > 0 && (written.sparkJoin || k > 0 && written.umjoin)
+      }.map(_._1)
     if (streams.isEmpty) Left("it reads no stream")
-    else if (ranOnItsOwn.nonEmpty) Left(s"the checkpoint ${ranOnItsOwn.head.checkpointLocation} holds the state of operator " +
-      s"${ranOnItsOwn.map(_.operatorId).mkString(", ")}, written when its join ran on its own (as Spark's join, or as another " +
-      "StreamingUMJoin): it goes on as it ran (a new checkpoint location runs the group as one)")
-    else if (stateInfo.isEmpty) Left("the streaming query it belongs to is not found (UMJoin stores static tables in micro-batch queries only)")
-    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) Left("it joins one stream with tables that are " +
-      "broadcast or read again every micro-batch (spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), " +
-      "which Spark's stream-static joins do as well, without state")
-    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && !(recorded && checkpoint.get.committedBefore))
-      Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1} without UMJoin's state for it (its stores have no version " +
+    else if (ranOnItsOwn.nonEmpty)
+      Left(s"the checkpoint ${ranOnItsOwn.head.checkpointLocation} holds the state of operator " +
+        s"${ranOnItsOwn.map(_.operatorId).mkString(", ")}" +
+        ", written when its join ran on its own (as Spark's join, or as another " +
+        "StreamingUMJoin): it goes on as it ran (a new checkpoint location runs the group as one)")
+    else if (stateInfo.isEmpty)
+      Left("the streaming query it belongs to is not found (UMJoin stores static tables in " +
+        "micro-batch queries only)")
+    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored))
+      Left("it joins one stream with tables that are broadcast or read again every micro-batch " +
+        "(spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), which " +
+        "Spark's stream-static joins do as well, without state")
+    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 &&
+        !(recorded && checkpoint.get.committedBefore))
+      Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1}" +
+        " without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
     else if (semiAndOuter.isLeft) Left(semiAndOuter.swap.toOption.get)
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
     else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
         filterJoins = semiJoins.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) },
-        outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) }, oneKeyPerNonInnerJoin = true).flatMap { graph =>
+        outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) },
+        oneKeyPerNonInnerJoin = true).flatMap { graph =>
       val conditions = conjuncts ++ nonInner.flatMap(o => joinConjuncts(o._1))
       lazy val distances = StreamingWatermarks.timeDistances(outputs, conditions)
-      // The streams whose later rows are known to pass the watermark: a late filter checks their own event-time column.
-      val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m)).exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
-      // Whether the combinations waiting for semi join o's match can ever go (Spark's own analysis refuses the query otherwise).
+      // The streams whose later rows are known to pass the watermark: a late filter checks their
+      // own event-time column.
+      val checked = streams.filter(m => StreamingWatermarks.eventTimeColumn(unmarkedOutputs(m))
+        .exists(t => filters.exists(_.time.semanticEquals(t)))).toSet
+      // Whether the combinations waiting for semi join o's match can ever go (Spark's own analysis
+      // refuses the query otherwise).
       def unmatchable(o: Int, watermark: Long): Option[Expression] =
-        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes, distances, watermark, checked)
+        StreamingWatermarks.unmatchableRows(o, graph.joined.filter(_ != o), outputs, graph.classes,
+          distances, watermark, checked)
       lazy val unboundedSemi = semiJoins.find { case (_, o) => unmatchable(o, 0L).isEmpty }
-      // The late filters over partial combinations, each as one condition per stream below it, on that stream's mark.
+      // The late filters over partial combinations, each as one condition per stream below it, on
+      // that stream's mark.
       val lateConditions = combined.flatMap { f =>
         f.streams.map { r =>
           val mark = outputs(r).find(_.name == StreamingWatermarks.mark(f).name).get
-          ResidualCondition(StreamingWatermarks.notLate(f, mark), inputs.indices.filter(i => f.time.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet + r)
+          ResidualCondition(StreamingWatermarks.notLate(f, mark), inputs.indices.filter(i =>
+            f.time.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet + r)
         }
       }
       lazy val padding = paddingOf(graph, outerJoins, outputs, resolve)
-      if (!graph.isConnected) Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
-      else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined }) Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
-      else if (unboundedSemi.isDefined) Left(s"no watermark and condition of its ${describe(unboundedSemi.get._1)} bound when a " +
-        "combination of its preserved side can no longer find a match, so none would ever be let go")
+      if (!graph.isConnected)
+        Left("its inputs are not all connected by equi-join keys (a stream-stream join needs one)")
+      else if (nonInner.exists { case (j, o) => nonInnerJoinRefusal(graph, j, o).isDefined })
+        Left(nonInner.flatMap { case (j, o) => nonInnerJoinRefusal(graph, j, o) }.head)
+      else if (unboundedSemi.isDefined)
+        Left(s"no watermark and condition of its ${describe(unboundedSemi.get._1)} bound when a " +
+          ("combination of its preserved side can no longer find a match, so none would ever " +
+            "be let go"))
       else if (padding.isLeft) Left(padding.swap.toOption.get)
-      else if (outerJoins.nonEmpty && checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet))) throw new IllegalStateException(checkpoint.get.refusal(
-        "its outer join's waiting combinations were written by an earlier version of UMJoin, which kept them in a store this version no longer reads"))
+      else if (outerJoins.nonEmpty &&
+          checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet)))
+        throw new IllegalStateException(checkpoint.get.refusal(
+          "its outer join's waiting combinations were written by an earlier version of UMJoin, " +
+            "which kept them in a store this version no longer reads"))
       else {
         val info = stateInfo.get
         def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
@@ -318,77 +407,102 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             watermarks = joinWatermarks.toOption.flatten,
             output = if (!computed) group.root.output else resultInputs.map { a =>
               // An outer join pads its non-preserved input's columns with NULLs.
-              if (outerJoins.exists { case (_, o) => AttributeSet(outputs(o)).contains(a) }) a.withNullability(true) else a
+              if (outerJoins.exists { case (_, o) => AttributeSet(outputs(o)).contains(a) })
+                a.withNullability(true) else a
             },
             project = Option.when(computed)(resultColumns.map {
               case (a, e: Attribute) if e.exprId == a.exprId => a
               case (a, e) => Alias(e, a.name)(a.exprId, a.qualifier, Some(a.metadata))
             }),
-            lateRows = inputs.indices.map(i => if (kinds(i) != InputKind.Stream) None else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
+            lateRows = inputs.indices.map(i =>
+              if (kinds(i) != InputKind.Stream) None
+              else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
             evictable = inputs.indices.map { i =>
               if (kinds(i) != InputKind.Stream) None
               else {
-                // A stored row also stays until every combination it is in was padded where due (see OuterPadding).
+                // A stored row also stays until every combination it is in was padded where due
+                // (see OuterPadding).
                 val padded = padding.toOption.flatten.map { p =>
                   outerJoins.map { case (j, o) =>
                     if (i == p.starts(o)) Some(p.now(o))
-                    else StreamingWatermarks.paddedBefore(i, p.starts(o), outputs, distances, preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
+                    else StreamingWatermarks.paddedBefore(i, p.starts(o), outputs, distances,
+                      preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
                   }
                 }
-                (StreamingWatermarks.evictableRows(i, outputs, graph.classes, distances, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
+                (StreamingWatermarks.evictableRows(i, outputs, graph.classes,
+                  distances, evictionWatermark, streams, checked) +: padded.getOrElse(Nil))
                   .reduce((a, b) => for (x <- a; y <- b) yield And(x, y))
               }
             },
-            unmatchable = inputs.indices.map(o => if (semiJoins.exists(_._2 == o)) evictionWatermark.flatMap(unmatchable(o, _)) else None),
+            unmatchable = inputs.indices.map(o =>
+              if (semiJoins.exists(_._2 == o))
+                evictionWatermark.flatMap(unmatchable(o, _)) else None),
             padding = padding.toOption.flatten,
             evictionWatermark = evictionWatermark,
             sliceBounds = inputs.indices.map { j =>
               if (!layout.isTimeSliced(j)) Nil
               else streams.filter(_ != j).flatMap { m =>
-                for (time <- StreamingWatermarks.eventTimeColumn(outputs(m)) if SliceWindow.isTimestamp(time.dataType);
+                for (time <- StreamingWatermarks.eventTimeColumn(outputs(m))
+                     if SliceWindow.isTimestamp(time.dataType);
                      behind <- distances(j)(m); ahead <- distances(m)(j))
                   yield SliceWindow.Bound(m, time, behind, ahead)
               }
             }))
         }
-        // The event times a stream's row can be joined across: the widest range the conditions allow another stream's around it.
-        def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m => for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
+        // The event times a stream's row can be joined across: the widest range the conditions
+        // allow another stream's around it.
+        def timeSpanMs(i: Int): Option[Long] = streams.filter(_ != i).flatMap(m =>
+          for (ahead <- distances(i)(m); behind <- distances(m)(i)) yield ahead + behind)
           .filter(_ > 0).maxOption
-        // At first as many slices as tasks run at once (Spark's default parallelism: the cores unless set); with `auto`
-        // then the count of least predicted time from what the batch before measured (paper 004's model: SliceCount).
+        // At first as many slices as tasks run at once (Spark's default parallelism: the cores
+        // unless set); with `auto` then the count of least predicted time from what the batch
+        // before measured (PSP's model, paper 004: SliceCount).
         val cores = session.sparkContext.defaultParallelism
         val firstSlices = timeSlices.getOrElse(cores).min(info.numPartitions)
         val registry = StreamingRegistry.run(info.queryRunId, session.sparkContext)
         val measured = Option(registry.sliceCosts.get(info.operatorId))
-        def slices(i: Int, current: TimeSlicing): Int = timeSlices.map(_.min(info.numPartitions)).getOrElse {
-          measured.flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { costs =>
-            val count = SliceCount.best(costs, current.slices, cores, info.numPartitions)
-            if (count != current.slices) {
-              logInfo(s"UMJoin: operator ${info.operatorId} input $i: $count time slices per window instead of ${current.slices}, " +
-                f"from micro-batch ${info.storeVersion - 1}: ${costs.testNanos}%.0f ns per stored row tested, " +
-                f"${costs.rowsPerSpan}%.1f rows per window, ${costs.sendNanos}%.0f ns per combination shipped")
+        def slices(i: Int, current: TimeSlicing): Int =
+          timeSlices.map(_.min(info.numPartitions)).getOrElse {
+            measured.flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { costs =>
+              val count = SliceCount.best(costs, current.slices, cores, info.numPartitions)
+              if (count != current.slices) {
+                logInfo(s"UMJoin: operator ${info.operatorId} input $i: $count" +
+                  s" time slices per window instead of ${current.slices}, " +
+                  f"from micro-batch ${info.storeVersion - 1}: ${
+                    costs.testNanos}%.0f ns per stored row tested, " +
+                  f"${costs.rowsPerSpan}%.1f rows per window, ${
+                    costs.sendNanos}%.0f ns per combination shipped")
+              }
+              count
             }
-            count
           }
-        }
-        def drained(i: Int): Boolean = Option(registry.sliceDrains.get((info.operatorId, i))).exists(_.drainedBefore(info.storeVersion, info.numPartitions))
-        def reported(i: Int): Option[SlicedRows] = measured.flatMap(_.rowsBefore(info.storeVersion, i))
-        // The time slicing last recorded; a micro-batch that recorded a change (run again after a failure) keeps it.
+        def drained(i: Int): Boolean = Option(registry.sliceDrains.get((info.operatorId, i)))
+          .exists(_.drainedBefore(info.storeVersion, info.numPartitions))
+        def reported(i: Int): Option[SlicedRows] =
+          measured.flatMap(_.rowsBefore(info.storeVersion, i))
+        // The time slicing last recorded; a micro-batch that recorded a change (run again after a
+        // failure) keeps it.
         def continued(recorded: StreamingLayout): StreamingLayout =
           if (!recorded.timeSlices.exists(_.isDefined)) recorded
           else checkpoint.get.recordedSlicing(info.storeVersion) match {
-            case Some((version, slicing)) if version == info.storeVersion => recorded.copy(timeSlices = slicing)
-            case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2)).resliced(slices, timeSpanMs, drained, reported)
+            case Some((version, slicing)) if version == info.storeVersion =>
+              recorded.copy(timeSlices = slicing)
+            case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2))
+              .resliced(slices, timeSpanMs, drained, reported)
           }
         checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
-          val measured = measure(inputs.indices.map(i => (unmarked(i), FirstBatchStatistics.keys(graph, i))))
+          val measured =
+            measure(inputs.indices.map(i => (unmarked(i), FirstBatchStatistics.keys(graph, i))))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
-            case Some(sizes) => (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
-              s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
+            case Some(sizes) =>
+              (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
+                s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
             case None => estimatedSizes(inputs, kinds, graph)
           }
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions, compositeIndexes, timeSpanMs, firstSlices)
-          logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics: predicted probe cost ${chosen.predictedCost}")
+          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions,
+            compositeIndexes, timeSpanMs, firstSlices)
+          logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics" +
+            s": predicted probe cost ${chosen.predictedCost}")
           chosen
         }) match {
           // A checkpoint written for another group: this group does not run; if no group with this
@@ -403,38 +517,49 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
   }
 
-  /** Whether a stream-stream join of the group has no equi-join key but the time slice ([[WindowJoinSlices]]). */
+  /**
+   * Whether a stream-stream join of the group has no equi-join key but the time slice
+   * ([[WindowJoinSlices]]).
+   */
   private def timeSliced(group: MultiJoinGroup[SparkPlan]): Boolean = group.members.exists {
     case j: StreamingSymmetricHashJoinExec => j.leftKeys.exists(_.isInstanceOf[TimeSlice])
     case _ => false
   }
 
   /**
-   * The group's semi joins, lowest first, and its outer joins, each with the index of its non-preserved input, or
-   * why the group cannot run them: semi joins one above the other (each reads the combinations the one
-   * below lets through) or side by side, and outer joins, anywhere in the group (no join above an outer join is on its
-   * padded columns, filters may read them: [[nonInnerJoinRefusal]]; nothing above a semi join reads its
-   * non-preserved side, whose columns it does not put out); each join's non-preserved side one
-   * streaming input of the group (a stream, or a join tree's output the group's splitting cut off).
+   * The group's semi joins, lowest first, and its outer joins, each with the index of its
+   * non-preserved input, or why the group cannot run them: semi joins one above the other (each
+   * reads the combinations the one below lets through) or side by side, and outer joins, anywhere
+   * in the group (no join above an outer join is on its padded columns, filters may read them:
+   * [[nonInnerJoinRefusal]]; nothing above a semi join reads its non-preserved side, whose columns
+   * it does not put out); each join's non-preserved side one streaming input of the group (a
+   * stream, or a join tree's output the group's splitting cut off).
    */
   private def semiAndOuterJoins(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
-      : Either[String, (Seq[(StreamingSymmetricHashJoinExec, Int)], Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
+      : Either[String, (Seq[(StreamingSymmetricHashJoinExec, Int)],
+        Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
     val (semis, outers) = group.members.collect {
-      case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == RightOuter || j.joinType == LeftSemi => j
+      case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter ||
+          j.joinType == RightOuter || j.joinType == LeftSemi => j
     }.partition(_.joinType == LeftSemi)
-    def nonPreservedOf(j: StreamingSymmetricHashJoinExec): Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
+    def nonPreservedOf(j: StreamingSymmetricHashJoinExec)
+        : Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
       val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
       val input = group.inputs.indexWhere(_ eq nonPreserved)
-      // A join tree there is cut off by the group's splitting: its output is then one stream input of the group.
+      // A join tree there is cut off by the group's splitting: its output is then one stream input
+      // of the group.
       if (input < 0) Left(s"the non-preserved side of its ${describe(j)} is a join, not one stream")
-      else if (kinds(input) != InputKind.Stream) Left(s"the non-preserved side of its ${describe(j)} is not a stream")
+      else if (kinds(input) != InputKind.Stream)
+        Left(s"the non-preserved side of its ${describe(j)} is not a stream")
       else Right((j, input))
     }
     val found = (semis ++ outers).map(nonPreservedOf)
     found.collectFirst { case Left(reason) => reason }.toLeft {
       val joins = found.flatMap(_.toOption)
-      // In input order, the tree's from left to right: a semi join's non-preserved stream comes after the one of every semi join below it.
-      (joins.filter(_._1.joinType == LeftSemi).sortBy(_._2), joins.filter(_._1.joinType != LeftSemi))
+      // In input order, the tree's from left to right: a semi join's non-preserved stream comes
+      // after the one of every semi join below it.
+      (joins.filter(_._1.joinType == LeftSemi).sortBy(_._2),
+        joins.filter(_._1.joinType != LeftSemi))
     }
   }
 
@@ -442,51 +567,77 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * When the group's outer joins pad (see [[OuterPadding]]), or why that cannot be told as Spark
    * tells it: each join's preserved side is evicted from its state, unmatched rows put out with
    * NULLs, by a watermark predicate on that side's event-time column (Spark's value predicate): one
-   * stream's column, a stream no outer join pads (joins may read different streams' columns); and a row failing the ON clause's conditions on the
-   * preserved side alone is put out so at once. Each ON clause reads the group's inner inputs and its own stream.
+   * stream's column, a stream no outer join pads (joins may read different streams' columns); and a
+   * row failing the ON clause's conditions on the preserved side alone is put out so at once. Each
+   * ON clause reads the group's inner inputs and its own stream.
    */
-  private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamingSymmetricHashJoinExec, Int)], outputs: Seq[Seq[Attribute]],
-      resolve: Expression => Expression): Either[String, Option[PaddingPlan]] = if (outerJoins.isEmpty) Right(None) else {
+  private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamingSymmetricHashJoinExec, Int)],
+      outputs: Seq[Seq[Attribute]],
+      resolve: Expression => Expression): Either[String, Option[PaddingPlan]] =
+    if (outerJoins.isEmpty) Right(None) else {
     val outerInputs = outerJoins.map(_._2).toSet
-    def inputsOf(e: Expression): Set[Int] = outputs.indices.filter(i => e.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet
+    def inputsOf(e: Expression): Set[Int] =
+      outputs.indices.filter(i => e.references.intersect(AttributeSet(outputs(i))).nonEmpty).toSet
     val found = outerJoins.map { case (j, o) =>
-      val (preserved, keys, alone) = if (j.joinType == RightOuter) (j.right, j.rightKeys, j.condition.rightSideOnly) else (j.left, j.leftKeys, j.condition.leftSideOnly)
+      val (preserved, keys, alone) =
+        if (j.joinType == RightOuter) (j.right, j.rightKeys, j.condition.rightSideOnly)
+        else (j.left, j.leftKeys, j.condition.leftSideOnly)
       val time = StreamingWatermarks.eventTimeColumn(preserved.output)
       val key = graph.classes(graph.outer(o).head).keyOf(o).get
       if (graph.onInputs(o).exists(outerInputs.contains))
-        Left(s"the ON clause of its ${describe(j)} reads the non-preserved side of another outer join (a streaming UMJoin pads each by the group's inner inputs)")
+        Left(s"the ON clause of its ${describe(j)}" +
+          (" reads the non-preserved side of another outer join (a streaming UMJoin pads each " +
+            "by the group's inner inputs)"))
       else if (time.isEmpty || preservedStateWatermark(j, Some(0L)).isEmpty)
-        Left(s"no watermark and condition of its ${describe(j)} bound when a combination of its preserved side can no longer find a match, so none would ever be let go")
+        Left(s"no watermark and condition of its ${describe(j)}" +
+          (" bound when a combination of its preserved side can no longer find a match, so " +
+            "none would ever be let go"))
       else if (keys.exists(_.references.exists(_.metadata.contains(EventTimeWatermark.delayKey))))
-        Left(s"its ${describe(j)} joins on its preserved side's event-time column, which Spark's state watermark then reads by key (a streaming UMJoin pads by the event-time value)")
+        Left(s"its ${describe(j)}" +
+          (" joins on its preserved side's event-time column, which Spark's state watermark " +
+            "then reads by key (a streaming UMJoin pads by the event-time value)"))
       else if (key.transform { case a: Attribute => Literal(null, a.dataType) }.eval() != null)
-        Left(s"the ON key ${key.sql} of its ${describe(j)} is not NULL where the non-preserved side's columns are")
+        Left(s"the ON key ${key.sql} of its ${describe(j)}" +
+          " is not NULL where the non-preserved side's columns are")
       else {
         val column = resolve(time.get)
         val starts = inputsOf(column)
         val onlyPreserved = alone.map(resolve)
-        // A combination failing the conditions on the preserved side alone is padded at once, as Spark does (never stored).
+        // A combination failing the conditions on the preserved side alone is padded at once, as
+        // Spark does (never stored).
         def due(watermark: Option[Long]): Expression = {
-          val ruledOut = preservedStateWatermark(j, watermark).flatMap(w => WatermarkSupport.watermarkExpression(Some(column), Some(w))).getOrElse(Literal.FalseLiteral)
-          onlyPreserved.fold(ruledOut)(c => Or(Not(Coalesce(Seq(c, Literal.FalseLiteral))), ruledOut))
+          val ruledOut = preservedStateWatermark(j, watermark)
+            .flatMap(w => WatermarkSupport.watermarkExpression(Some(column), Some(w)))
+            .getOrElse(Literal.FalseLiteral)
+          onlyPreserved.fold(ruledOut)(c =>
+            Or(Not(Coalesce(Seq(c, Literal.FalseLiteral))), ruledOut))
         }
         if (starts.size != 1 || onlyPreserved.exists(c => !inputsOf(c).subsetOf(starts)))
-          Left(s"the preserved side of its ${describe(j)} is evicted by a condition over several streams (a streaming UMJoin pads by one stream's rows)")
+          Left(s"the preserved side of its ${describe(j)}" +
+            (" is evicted by a condition over several streams (a streaming UMJoin pads by one " +
+              "stream's rows)"))
         else if (outerInputs.contains(starts.head))
-          Left(s"the preserved side of its ${describe(j)} is evicted by the event time of a stream another outer join pads with NULLs")
-        else Right((o, starts.head, due(j.eventTimeWatermarkForEviction), due(j.eventTimeWatermarkForLateEvents)))
+          Left(s"the preserved side of its ${describe(j)}" +
+            " is evicted by the event time of a stream another outer join pads with NULLs")
+        else Right((o, starts.head, due(j.eventTimeWatermarkForEviction),
+          due(j.eventTimeWatermarkForLateEvents)))
       }
     }
     found.collectFirst { case Left(reason) => reason }.map(Left(_)).getOrElse {
       val pads = found.flatMap(_.toOption)
-      Right(Some(PaddingPlan(pads.map(p => p._1 -> p._2).toMap, pads.map(p => p._1 -> p._3).toMap, pads.map(p => p._1 -> p._4).toMap)))
+      Right(Some(PaddingPlan(pads.map(p => p._1 -> p._2).toMap, pads.map(p => p._1 -> p._3).toMap,
+        pads.map(p => p._1 -> p._4).toMap)))
     }
   }
 
-  /** The state watermark (ms) of the outer join's preserved side under `watermark`: its rows at or below it can match no later row. */
-  private def preservedStateWatermark(j: StreamingSymmetricHashJoinExec, watermark: Option[Long]): Option[Long] = {
-    val (left, right) = StreamingSymmetricHashJoinHelper.getStateWatermark(j.left.output, j.right.output, j.leftKeys, j.rightKeys,
-      j.condition.full, watermark, false)
+  /**
+   * The state watermark (ms) of the outer join's preserved side under `watermark`: its rows at or
+   * below it can match no later row.
+   */
+  private def preservedStateWatermark(j: StreamingSymmetricHashJoinExec,
+      watermark: Option[Long]): Option[Long] = {
+    val (left, right) = StreamingSymmetricHashJoinHelper.getStateWatermark(j.left.output,
+      j.right.output, j.leftKeys, j.rightKeys, j.condition.full, watermark, false)
     if (j.joinType == RightOuter) right else left
   }
 
@@ -497,11 +648,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * the `IS NULL` of a left anti join ([[StreamAntiJoins]]), is checked after the step decides
    * between a match and NULLs: it drops combinations and decides no match.)
    */
-  private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec, o: Int): Option[String] = {
+  private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec,
+      o: Int): Option[String] = {
     val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
     if (graph.outer.get(o).exists(_ != keys))
-      Some(s"an equality outside the ON clause of its ${describe(join)} reads the non-preserved side")
-    else if (!graph.connects(graph.joined.toSet - o)) Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
+      Some(s"an equality outside the ON clause of its ${describe(join)}" +
+        " reads the non-preserved side")
+    else if (!graph.connects(graph.joined.toSet - o))
+      Some(s"the preserved side of its ${describe(join)} is not connected by equi-join keys")
     else None
   }
 
@@ -511,41 +665,51 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * the plan; without an estimate for every stream, none (all choices then differ only in how often
    * they send a row to every partition).
    */
-  private def estimatedSizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind], graph: JoinGraph): (JoinSizes, String) = {
+  private def estimatedSizes(inputs: Seq[SparkPlan], kinds: IndexedSeq[InputKind],
+      graph: JoinGraph): (JoinSizes, String) = {
     val rows = inputs.map(estimatedRows).toIndexedSeq
     val known = kinds.indices.forall(i => kinds(i) != InputKind.Stream || rows(i).exists(_ > 0))
     if (known) {
-      val sizes = JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)), graph.classes.map(_.inputs).toIndexedSeq)
+      val sizes = JoinSizes.fromRates(rows.map(_.getOrElse(1.0).max(1.0)),
+        graph.classes.map(_.inputs).toIndexedSeq)
       (sizes, s"Spark's plan estimates: rows [${sizes.rates.map(_.toLong).mkString(", ")}]")
-    } else (JoinSizes.uniform(inputs.size, graph.classes.size), "none (every join counted one-to-one)")
+    } else (JoinSizes.uniform(inputs.size, graph.classes.size),
+      "none (every join counted one-to-one)")
   }
 
   private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
     case Some(logical) =>
       val stats = logical.stats
-      Some(stats.rowCount.map(_.toDouble).getOrElse((stats.sizeInBytes / EstimationUtils.getSizePerRow(logical.output).max(1)).toDouble))
+      Some(stats.rowCount.map(_.toDouble).getOrElse((stats.sizeInBytes /
+        EstimationUtils.getSizePerRow(logical.output).max(1)).toDouble))
     case None => plan.children.headOption.flatMap(estimatedRows)
   }
 
   /**
    * The late filter of every side of the group's stream-stream joins that has an event-time column
    * (as Spark finds it: the side's one column marked by a watermark), or why the group cannot
-   * reproduce them. `resolve` turns a column of the group's projections into an expression over its inputs.
+   * reproduce them. `resolve` turns a column of the group's projections into an expression over its
+   * inputs.
    */
-  private def sideLateFilters(group: MultiJoinGroup[SparkPlan], stateful: Seq[StreamingSymmetricHashJoinExec],
-      kinds: IndexedSeq[InputKind], resolve: Expression => Expression): Either[String, Seq[SideLateFilter]] = {
+  private def sideLateFilters(group: MultiJoinGroup[SparkPlan],
+      stateful: Seq[StreamingSymmetricHashJoinExec], kinds: IndexedSeq[InputKind],
+      resolve: Expression => Expression): Either[String, Seq[SideLateFilter]] = {
     val sides = stateful.flatMap(j => Seq((j, j.left, "left"), (j, j.right, "right")))
     val found = sides.map { case (j, side, name) =>
       val times = side.output.filter(_.metadata.contains(EventTimeWatermark.delayKey))
       if (times.map(_.exprId).distinct.size > 1)
-        Left(s"the $name side of its ${describe(j)} has several event-time columns (${times.map(_.name).distinct.mkString(", ")}), " +
+        Left(s"the $name side of its ${describe(j)}" +
+          s" has several event-time columns (${times.map(_.name).distinct.mkString(", ")}), " +
           "which Spark's stream-stream join refuses (MULTIPLE_EVENT_TIME_COLUMNS)")
       else times.headOption.map(resolve) match {
         case Some(time) if !time.deterministic =>
-          Left(s"the event-time column of the $name side of its ${describe(j)} is computed by ${time.sql}, which is not deterministic")
+          Left(s"the event-time column of the $name side of its ${describe(j)} is computed by " +
+            s"${time.sql}, which is not deterministic")
         case Some(time) =>
-          val below = group.inputs.indices.filter(i => kinds(i) == InputKind.Stream && side.exists(_ eq group.inputs(i)))
-          Right(Option.when(below.nonEmpty)(SideLateFilter(s"op${j.getStateInfo.operatorId}_$name", below, time, j.eventTimeWatermarkForLateEvents)))
+          val below = group.inputs.indices.filter(i => kinds(i) == InputKind.Stream &&
+            side.exists(_ eq group.inputs(i)))
+          Right(Option.when(below.nonEmpty)(SideLateFilter(s"op${j.getStateInfo.operatorId}_$name",
+            below, time, j.eventTimeWatermarkForLateEvents)))
         case None => Right(None)
       }
     }
@@ -556,11 +720,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
     else input match {
       case _: BroadcastExchangeExec => InputKind.StaticBroadcast
-      case _ if storeStatic && StaticVersions.versionable(placeable(input)) => InputKind.StaticStored
+      case _ if storeStatic && StaticVersions.versionable(placeable(input)) =>
+        InputKind.StaticStored
       case _ => InputKind.StaticPartitioned
     }
 
-  /** An input without the exchange or sort Spark put on it for the join it fed: the StreamingUMJoin places its inputs itself. */
+  /**
+   * An input without the exchange or sort Spark put on it for the join it fed: the StreamingUMJoin
+   * places its inputs itself.
+   */
   private def placeable(input: SparkPlan): SparkPlan = input match {
     case s: SortExec => placeable(s.child)
     case e: ShuffleExchangeExec => e.child
@@ -568,30 +736,43 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     case other => other
   }
 
-  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan, converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
+  private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan,
+      converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
     val info = plan.stateInfo
     val partitions = info.numPartitions
     val layout = plan.layout
-    // A layout chosen for the fixed order indexes stores on several classes at once, which an adaptive
-    // policy's routes may not all reach (they change the inputs bound before a store).
+    // A layout chosen for the fixed order indexes stores on several classes at once, which an
+    // adaptive policy's routes may not all reach (they change the inputs bound before a store).
     val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
     else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
-      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its routes instead of choosing them by " +
-        s"${conf.probeOrder.policy.name}: its outer or semi join's non-preserved side is probed last in every route"
-      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
+        s" keeps its routes instead of choosing them by ${conf.probeOrder.policy.name}" +
+        ": its outer or semi join's non-preserved side is probed last in every route"
+      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message,
+        unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
-      val message = s"the StreamingUMJoin of operator ${info.operatorId} keeps its recorded routes instead of choosing them by " +
-        s"${conf.probeOrder.policy.name}: its checkpoint's state was laid out for the fixed probe order; use a new checkpoint location to probe adaptively"
-      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message, unconverted = false)) logInfo(s"UMJoin: $message")
+      val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
+        s" keeps its recorded routes instead of choosing them by ${conf.probeOrder.policy.name}" +
+        (": its checkpoint's state was laid out for the fixed probe order; use a new checkpoint " +
+          "location to probe adaptively")
+      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message,
+        unconverted = false)) logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     }
-    // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else above the StreamingUMJoin.
-    val replaced = group.members.collect { case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j }
-    def throughReplaced(input: SparkPlan, joins: Seq[(StreamingSymmetricHashJoinExec, Long)]): SparkPlan =
-      joins.foldLeft(input) { case (child, (j, shift)) => StreamingUMJoinMemberExec(j.stateInfo, shift, child) }
+    // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else
+    // above the StreamingUMJoin.
+    val replaced = group.members.collect {
+      case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j
+    }
+    def throughReplaced(input: SparkPlan,
+        joins: Seq[(StreamingSymmetricHashJoinExec, Long)]): SparkPlan =
+      joins.foldLeft(input) { case (child, (j, shift)) =>
+        StreamingUMJoinMemberExec(j.stateInfo, shift, child)
+      }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
-      val marked = if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
+      val marked =
+        if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
       StreamingUMJoinExec.placement(layout, plan.graph, j, partitions) match {
         case Some(key) =>
           val placed = partitionedBy(marked, key, partitions)
@@ -599,7 +780,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
     }
-    require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined), "the stream carrying the watermarks is partitioned")
+    require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined),
+      "the stream carrying the watermarks is partitioned")
     val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
       output = plan.output,
@@ -622,12 +804,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       sliceBounds = plan.sliceBounds,
       outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
       children = children)
-    logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])} stream-stream joins become ${umjoin.simpleString(10)}")
-    val joined = if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))
+    logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])}" +
+      s" stream-stream joins become ${umjoin.simpleString(10)}")
+    val joined =
+      if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))
     plan.project.fold(joined)(ProjectExec(_, joined))
   }
 
-  /** The input hash-partitioned into the state's partitions (see [[StreamingUMJoinExec.placement]]). */
+  /**
+   * The input hash-partitioned into the state's partitions (see [[StreamingUMJoinExec.placement]]).
+   */
   private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
     ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
 
@@ -637,14 +823,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    */
   private def label(input: SparkPlan): String = input.collectLeaves().map {
     case scan: FileSourceScanExec =>
-      val directory = (p: Path) => if (PhysicalPatterns.isStreaming(scan)) Option(p.getParent).getOrElse(p) else p
+      val directory =
+        (p: Path) => if (PhysicalPatterns.isStreaming(scan)) Option(p.getParent).getOrElse(p) else p
       scan.relation.location.rootPaths.headOption.map(p => directory(p).getName).getOrElse("files")
     case leaf => leaf.nodeName
   }.distinct.mkString("+")
 }
 
 object StreamingUMJoinRule {
-  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay as Spark planned them, adaptively: no join " +
-    "of a stream with at least spark.umjoin.minInputs inputs reads a table UMJoin would store (one read from files, too " +
-    "large to broadcast, with spark.umjoin.staticTables=store), so its micro-batches are planned as without UMJoin"
+  val AdaptiveStreamStatic: String = "the stream-static joins of this query stay " +
+    "as Spark planned them, adaptively: no join of a stream with at least spark.umjoin.minInputs " +
+    "inputs reads a table UMJoin would store (one read from files, too large to broadcast, with " +
+    "spark.umjoin.staticTables=store), so its micro-batches are planned as without UMJoin"
 }

@@ -4,12 +4,14 @@ import scala.collection.mutable
 
 import umjoin.spark.core.probe.Route
 
-/** The join graph as the policies see it: which pairs of inputs share a join key (both directions). */
+/**
+ * The join graph as the policies see it: which pairs of inputs share a join key (both directions).
+ */
 final case class ProbeGraph(inputs: Int, edges: Seq[(Int, Int)]) {
   def connected(from: Int, to: Int): Boolean = edges.contains((from, to))
 }
 
-/** How a store's query cost grows with its keys (paper 001, Eq. 5 and 6). */
+/** How a store's query cost grows with its keys (dpPick paper 001, Eq. 5 and 6). */
 sealed trait StoreStructure
 
 object StoreStructure {
@@ -20,12 +22,14 @@ object StoreStructure {
 }
 
 /**
- * Eq. 4-8: C(o_i) = alphaQuery * f(kappa_r) + gamma_r * (alphaMatch * mu_r + C(o_{i+1})), C(o_n) = 0.
- * `fanOut(edge)` (default 1): into how many partitions a probe along that edge goes. A streaming
+ * Eq. 4-8: C(o_i) = alphaQuery * f(kappa_r) + gamma_r * (alphaMatch * mu_r + C(o_{i+1})), C(o_n) =
+ * 0. `fanOut(edge)` (default 1): into how many partitions a probe along that edge goes. A streaming
  * UMJoin's row that does not carry the class a store is partitioned by probes every partition of
- * it (paper 002's chi); its statistics count each of those probes, so the whole step costs that many.
+ * it (CLASH's chi, paper 002); its statistics count each of those probes, so the whole step costs
+ * that many.
  */
-final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: StoreStructure, fanOut: Map[(Int, Int), Double] = Map.empty) {
+final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: StoreStructure,
+    fanOut: Map[(Int, Int), Double] = Map.empty) {
   def fanOutOf(edge: (Int, Int)): Double = fanOut.getOrElse(edge, 1.0)
 
   def f(keys: Double): Double = structure match {
@@ -40,11 +44,15 @@ final case class CostModel(alphaQuery: Double, alphaMatch: Double, structure: St
   }
 }
 
-/** The probe-order policies: given the graph and (forecast) statistics, a route for each start input. */
+/**
+ * The probe-order policies: given the graph and (forecast) statistics, a route for each start
+ * input.
+ */
 sealed trait ProbeOrderPolicy {
   /** The value of spark.umjoin.probeOrder that selects it. */
   def name: String
-  def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route]
+  def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel,
+      starts: Seq[Int]): Map[Int, Route]
 }
 
 object ProbeOrderPolicy {
@@ -55,14 +63,16 @@ object ProbeOrderPolicy {
   /** The plan's order: the leftmost input connected to those bound (statistics are not used). */
   case object Fixed extends ProbeOrderPolicy {
     override val name = "fixed"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel,
+        starts: Seq[Int]): Map[Int, Route] =
       starts.map(s => s -> ProbeOrder.fixed(graph, s)).toMap
   }
 
   /** MJoin / GrubJoin: next, the store with the fewest expected rows per probe (gamma * mu). */
   case object SelectivityFirst extends ProbeOrderPolicy {
     override val name = "selectivityFirst"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel,
+        starts: Seq[Int]): Map[Int, Route] =
       starts.map(s => s -> ProbeOrder.stepwise(graph, s) { (from, to) =>
         val (gamma, mu) = stats.rateOf((from, to))
         cost.fanOutOf((from, to)) * gamma * mu
@@ -72,25 +82,37 @@ object ProbeOrderPolicy {
   /** MultiStream: next, the step of least cost on its own (Eq. 8 without what follows). */
   case object Greedy extends ProbeOrderPolicy {
     override val name = "greedy"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
-      starts.map(s => s -> ProbeOrder.stepwise(graph, s)((from, to) => cost.step((from, to), stats, 0.0))).toMap
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel,
+        starts: Seq[Int]): Map[Int, Route] =
+      starts.map(s =>
+        s -> ProbeOrder.stepwise(graph, s)((from, to) => cost.step((from, to), stats, 0.0))).toMap
   }
 
-  /** dpPick (Algorithm 3): of all sequences of the join graph, the one of least Eq. 8 cost per start. */
+  /**
+   * dpPick (Algorithm 3): of all sequences of the join graph, the one of least Eq. 8 cost per
+   * start.
+   */
   case object DpPick extends ProbeOrderPolicy {
     override val name = "dpPick"
-    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel, starts: Seq[Int]): Map[Int, Route] =
-      ProbeOrder.dpPick(graph, stats, cost).collect { case (start, (route, _)) if starts.contains(start) => start -> route }
+    override def routes(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel,
+        starts: Seq[Int]): Map[Int, Route] =
+      ProbeOrder.dpPick(graph, stats, cost)
+        .collect { case (start, (route, _)) if starts.contains(start) => start -> route }
   }
 }
 
 object ProbeOrder {
 
-  /** A route's expected cost per streamed row by Eq. 8 (the sum over its steps, from the last back). */
+  /**
+   * A route's expected cost per streamed row by Eq. 8 (the sum over its steps, from the last back).
+   */
   def cost(route: Route, stats: CycleStatistics, model: CostModel): Double =
     route.edges.foldRight(0.0)((edge, rest) => model.step(edge, stats, rest))
 
-  /** The plan's order from `start`: the leftmost input connected to those bound, from the leftmost bound one. */
+  /**
+   * The plan's order from `start`: the leftmost input connected to those bound, from the leftmost
+   * bound one.
+   */
   def fixed(graph: ProbeGraph, start: Int): Route = following(graph, start, 0 until graph.inputs)
 
   /**
@@ -104,14 +126,15 @@ object ProbeOrder {
   }
 
   /**
-   * Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`; on a tie,
-   * the edge from the input bound earliest, then to the lowest input.
+   * Builds a route one step at a time, taking the edge (bound -> unbound) of least `score`; on a
+   * tie, the edge from the input bound earliest, then to the lowest input.
    */
   def stepwise(graph: ProbeGraph, start: Int)(score: (Int, Int) => Double): Route = {
     val boundAt = mutable.LinkedHashMap(start -> 0)
     val edges = mutable.ArrayBuffer[(Int, Int)]()
     while (boundAt.size < graph.inputs) {
-      val candidates = graph.edges.filter { case (from, to) => boundAt.contains(from) && !boundAt.contains(to) }
+      val candidates =
+        graph.edges.filter { case (from, to) => boundAt.contains(from) && !boundAt.contains(to) }
       require(candidates.nonEmpty, "probe orders need a connected join graph")
       val next = candidates.minBy { case (from, to) => (score(from, to), boundAt(from), to) }
       edges += next
@@ -136,7 +159,8 @@ object ProbeOrder {
    * Algorithm 3 (optimizeProbeOrder_dpPick): each sequence's cost by Eq. 8, a sub-sequence's cost
    * computed once and remembered; per start input the sequence of least cost, with that cost.
    */
-  def dpPick(graph: ProbeGraph, stats: CycleStatistics, cost: CostModel): Map[Int, (Route, Double)] = {
+  def dpPick(graph: ProbeGraph, stats: CycleStatistics,
+      cost: CostModel): Map[Int, (Route, Double)] = {
     val memo = mutable.HashMap[List[(Int, Int)], Double](Nil -> 0.0)
     def calculateCost(edge: (Int, Int), rest: List[(Int, Int)]): Double = {
       val restCost = memo.getOrElse(rest, {

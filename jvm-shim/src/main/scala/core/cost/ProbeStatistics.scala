@@ -1,17 +1,19 @@
 package umjoin.spark.core.cost
 
 /**
- * One cycle's statistics (paper 001, 4.3): per probe pair (the bound input whose key is used ->
- * the store probed) the match rate gamma = probes that found rows / probes and the rows per
- * successful probe mu; per store its number of keys kappa. Pairs not probed in the cycle are absent.
+ * One cycle's statistics (dpPick paper 001, 4.3): per probe pair (the bound input whose key is used
+ * -> the store probed) the match rate gamma = probes that found rows / probes and the rows per
+ * successful probe mu; per store its number of keys kappa. Pairs not probed in the cycle are
+ * absent.
  */
-final case class CycleStatistics(matchRate: Map[(Int, Int), Double], matchesPerSuccess: Map[(Int, Int), Double], keys: IndexedSeq[Double]) {
+final case class CycleStatistics(matchRate: Map[(Int, Int), Double],
+    matchesPerSuccess: Map[(Int, Int), Double], keys: IndexedSeq[Double]) {
 
   /**
    * gamma and mu of a probe pair. A pair not observed takes the mean of the pairs observed into the
-   * same store (the store is the same, only the bound rows differ), else 1 and 1: no evidence. Without
-   * this, a route's unobserved pairs look cheaper than the observed ones into the same store, and
-   * a policy would keep trying them.
+   * same store (the store is the same, only the bound rows differ), else 1 and 1: no evidence.
+   * Without this, a route's unobserved pairs look cheaper than the observed ones into the same
+   * store, and a policy would keep trying them.
    */
   def rateOf(edge: (Int, Int)): (Double, Double) =
     (matchRate.getOrElse(edge, storeMatchRate.getOrElse(edge._2, 1.0)),
@@ -24,7 +26,10 @@ final case class CycleStatistics(matchRate: Map[(Int, Int), Double], matchesPerS
     byPair.groupBy(_._1._2).map { case (store, pairs) => store -> pairs.values.sum / pairs.size }
 }
 
-/** Counters filled while probing, one cycle at a time. Mergeable: tasks' counters add up on the driver. */
+/**
+ * Counters filled while probing, one cycle at a time. Mergeable: tasks' counters add up on the
+ * driver.
+ */
 final class ProbeCounters(val inputs: Int) extends Serializable {
   private val probes = Array.ofDim[Long](inputs, inputs)
   private val successes = Array.ofDim[Long](inputs, inputs)
@@ -62,7 +67,8 @@ final class ProbeCounters(val inputs: Int) extends Serializable {
     val pairs = for (i <- 0 until inputs; j <- 0 until inputs if probes(i)(j) > 0) yield (i, j)
     CycleStatistics(
       pairs.map(p => p -> successes(p._1)(p._2).toDouble / probes(p._1)(p._2)).toMap,
-      pairs.filter(p => successes(p._1)(p._2) > 0).map(p => p -> matches(p._1)(p._2).toDouble / successes(p._1)(p._2)).toMap,
+      pairs.filter(p => successes(p._1)(p._2) > 0).map(p =>
+        p -> matches(p._1)(p._2).toDouble / successes(p._1)(p._2)).toMap,
       keys)
   }
 

@@ -3,19 +3,20 @@ package umjoin.spark.core.cost
 import scala.collection.mutable
 
 /**
- * Paper 003 (SSBJ)'s choice of the keys of a static input to keep in memory. A key j of the static
- * (master) side has m(j) rows of `masterRowBytes` each; the stream is expected to bring n(j) rows of
- * `streamRowBytes` each per micro-batch. Kept in the cache, j costs m(j) * v_R bytes; served from the
- * disk-backed store, its stream rows wait for the disk, n(j) * v_S bytes. Theorem 2: cache j iff
- * m(j) * v_R < n(j) * v_S; every key where it costs less gives the least memory (Theorem 1).
+ * SSBJ's choice (paper 003) of the keys of a static input to keep in memory. A key j of the static
+ * (master) side has m(j) rows of `masterRowBytes` each; the stream is expected to bring n(j) rows
+ * of `streamRowBytes` each per micro-batch. Kept in the cache, j costs m(j) * v_R bytes; served
+ * from the disk-backed store, its stream rows wait for the disk, n(j) * v_S bytes. Theorem 2: cache
+ * j iff m(j) * v_R < n(j) * v_S; every key where it costs less gives the least memory (Theorem 1).
  *
  * @param hysteresis s_f >= 1: a key enters when n * v_S > s_f * m * v_R and leaves when
  *                   m * v_R >= s_f * n * v_S, so a key near the balance does not flap (the paper
  *                   finds 1, no hysteresis, best)
- * @param maxBytes   the cache's bound: admitted keys are taken most disk bytes saved per cached byte
- *                   first, whole keys only, while they fit
+ * @param maxBytes   the cache's bound: admitted keys are taken most disk bytes saved per cached
+ *                   byte first, whole keys only, while they fit
  */
-final case class CacheModel(masterRowBytes: Double, streamRowBytes: Double, hysteresis: Double, maxBytes: Long) {
+final case class CacheModel(masterRowBytes: Double, streamRowBytes: Double, hysteresis: Double,
+    maxBytes: Long) {
   require(masterRowBytes > 0 && streamRowBytes > 0, "row sizes must be positive")
   require(hysteresis >= 1.0, s"the hysteresis factor is at least 1, not $hysteresis")
 
@@ -34,7 +35,8 @@ final case class CacheModel(masterRowBytes: Double, streamRowBytes: Double, hyst
    */
   def choose[K](keys: Iterable[KeyStatistics[K]], cached: K => Boolean): Set[K] = {
     val admitted = keys.filter(k => belongsInCache(k, cached(k.key))).toSeq
-    val bySaving = admitted.sortBy(k => -(diskBytes(k) / math.max(cacheBytes(k), Double.MinPositiveValue)))
+    val bySaving =
+      admitted.sortBy(k => -(diskBytes(k) / math.max(cacheBytes(k), Double.MinPositiveValue)))
     var used = 0.0
     bySaving.flatMap { k =>
       val cost = cacheBytes(k)
@@ -47,7 +49,9 @@ final case class CacheModel(masterRowBytes: Double, streamRowBytes: Double, hyst
     keys.iterator.map(k => if (cached(k.key)) cacheBytes(k) else diskBytes(k)).sum
 }
 
-/** One key's master rows m(j) (exact, from the static side) and expected stream rows per batch n(j). */
+/**
+ * One key's master rows m(j) (exact, from the static side) and expected stream rows per batch n(j).
+ */
 final case class KeyStatistics[K](key: K, masterRows: Long, streamRows: Double)
 
 /**
@@ -71,7 +75,10 @@ final class StreamRateForecast[K](alpha: Double, forgetBelow: Double = 1e-3) {
   def keys: collection.Set[K] = rates.keySet
 }
 
-/** Which rows of a stored static table an executor keeps in memory between micro-batches (spark.umjoin.staticCache). */
+/**
+ * Which rows of a stored static table an executor keeps in memory between micro-batches
+ * (spark.umjoin.staticCache).
+ */
 sealed trait StaticCacheMode { def name: String }
 
 object StaticCacheMode {

@@ -10,7 +10,7 @@ import org.apache.spark.sql.catalyst.expressions.Expression
  * and, in a stream, its segments; compiled in a task, a [[CompiledRoute]].
  */
 final case class Route(start: Int, edges: Seq[(Int, Int)]) {
-  /** The inputs in the order they are bound (paper 001's O[i]). */
+  /** The inputs in the order they are bound (dpPick's O[i], paper 001). */
   def order: Seq[Int] = start +: edges.map(_._2)
 }
 
@@ -20,11 +20,19 @@ object Route {
   sealed trait Reach
 
   object Reach {
-    /** They are in the right partition already (always, in batch: a task holds every store it probes). */
+    /**
+     * They are in the right partition already (always, in batch: a task holds every store it
+     * probes).
+     */
     case object Local extends Reach
-    /** Shuffled to the one partition their value of `keyClass` (the store's partitioning class) hashes to. */
+    /**
+     * Shuffled to the one partition their value of `keyClass` (the store's partitioning class)
+     * hashes to.
+     */
     final case class ByKey(keyClass: Int) extends Reach
-    /** Sent to every partition: they do not carry the store's partitioning class yet (CLASH's chi). */
+    /**
+     * Sent to every partition: they do not carry the store's partitioning class yet (CLASH's chi).
+     */
     case object AllPartitions extends Reach
   }
 
@@ -38,22 +46,34 @@ object Route {
    * fail for every matching row (a left anti join of two streams, run as a left outer join keeping
    * the padded rows), so the probe stops at the first match.
    */
-  final case class Step(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression], conditions: Seq[Expression],
-      rule: StepRule = StepRule.InnerStep, postConditions: Seq[Expression] = Nil, reach: Reach = Reach.Local,
+  final case class Step(input: Int, from: Int, index: StoreIndex, probeKeys: Seq[Expression],
+      conditions: Seq[Expression], rule: StepRule = StepRule.InnerStep,
+      postConditions: Seq[Expression] = Nil, reach: Reach = Reach.Local,
       firstMatchDecides: Boolean = false)
 
-  /** Steps [from, until) of a route, run in one task; then the combinations move by `next` (None: they are complete rows). */
+  /**
+   * Steps [from, until) of a route, run in one task; then the combinations move by `next` (None:
+   * they are complete rows).
+   */
   final case class Segment(from: Int, until: Int, next: Option[Reach])
 
-  /** A route planned over a join graph: the conditions on the start row alone, then one step per other input. */
+  /**
+   * A route planned over a join graph: the conditions on the start row alone, then one step per
+   * other input.
+   */
   final case class Plan(route: Route, startConditions: Seq[Expression], steps: Seq[Step]) {
     def start: Int = route.start
 
-    /** The steps cut where the combinations move to other partitions (one segment in batch); a stream's tasks read them per row. */
+    /**
+     * The steps cut where the combinations move to other partitions (one segment in batch); a
+     * stream's tasks read them per row.
+     */
     lazy val segments: IndexedSeq[Segment] = {
-      // A route whose first step leaves the partition starts with an empty segment: the row is shipped as it is.
+      // A route whose first step leaves the partition starts with an empty segment: the row is
+      // shipped as it is.
       val bounds = 0 +: steps.indices.filter(t => steps(t).reach != Reach.Local) :+ steps.size
-      bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until, if (until < steps.size) Some(steps(until).reach) else None) }.toIndexedSeq
+      bounds.zip(bounds.tail).map { case (from, until) => Segment(from, until,
+        if (until < steps.size) Some(steps(until).reach) else None) }.toIndexedSeq
     }
   }
 }

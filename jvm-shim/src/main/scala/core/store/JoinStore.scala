@@ -8,19 +8,30 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
  * store's key types; rows whose key has a NULL were never stored, since NULL never equals anything.
  */
 trait JoinStore extends AutoCloseable {
-  /** The rows stored under `key` (no NULL in it); empty if none. Rows stay valid until the next `get`. */
+  /**
+   * The rows stored under `key` (no NULL in it); empty if none. Rows stay valid until the next
+   * `get`.
+   */
   def get(key: UnsafeRow): Iterator[InternalRow]
-  /** True when no key has more than one row: then `getOne` finds every match without an iterator. */
+  /**
+   * True when no key has more than one row: then `getOne` finds every match without an iterator.
+   */
   def keysAreUnique: Boolean = false
   /** The row stored under `key`, or null; for stores whose keys are unique. */
-  def getOne(key: UnsafeRow): InternalRow = throw new UnsupportedOperationException("a store with repeated keys has no single row per key")
+  def getOne(key: UnsafeRow): InternalRow =
+    throw new UnsupportedOperationException("a store with repeated keys has no single row per key")
   def isEmpty: Boolean
   def sizeInBytes: Long
-  /** Its keys, or its rows where the store does not count keys: the kappa of the probe cost model. */
+  /**
+   * Its keys, or its rows where the store does not count keys: the kappa of the probe cost model.
+   */
   def keyCount: Long
 }
 
-/** A store rows can be added to at any time, also between probes (rows arriving one by one); `keysAreUnique` holds for the rows added so far. */
+/**
+ * A store rows can be added to at any time, also between probes (rows arriving one by one);
+ * `keysAreUnique` holds for the rows added so far.
+ */
 trait AppendableStore extends JoinStore {
   /** Adds `row` under `key` (no NULL in it). */
   def add(key: UnsafeRow, row: UnsafeRow): Unit

@@ -8,14 +8,17 @@ import org.apache.spark.SparkEnv
 sealed trait StateBackend
 
 object StateBackend {
-  /** Spark's in-memory hash map; a store that does not fit fails the task, as Spark's hash joins do. */
+  /**
+   * Spark's in-memory hash map; a store that does not fit fails the task, as Spark's hash joins do.
+   */
   case object Memory extends StateBackend
   /** RocksDB (an LSM-tree) under the task's local directory. */
   case object RocksDB extends StateBackend
   /** In memory while the task memory manager grants memory, then moved to RocksDB. */
   case object Auto extends StateBackend
 
-  val byName: Map[String, StateBackend] = Map("memory" -> Memory, "rocksdb" -> RocksDB, "auto" -> Auto)
+  val byName: Map[String, StateBackend] =
+    Map("memory" -> Memory, "rocksdb" -> RocksDB, "auto" -> Auto)
 }
 
 /**
@@ -23,7 +26,8 @@ object StateBackend {
  * read-only while it is flushed), `blockCacheSize` the LRU cache of SST blocks read from disk,
  * `bloomFilterBitsPerKey` the size of the key filters (0: none).
  */
-final case class RocksDBSettings(writeBufferSize: Long, blockCacheSize: Long, bloomFilterBitsPerKey: Int, localDir: Option[String]) {
+final case class RocksDBSettings(writeBufferSize: Long, blockCacheSize: Long,
+    bloomFilterBitsPerKey: Int, localDir: Option[String]) {
 
   /**
    * The directory stores are created under: the setting, else the first local directory Spark's own
@@ -50,4 +54,5 @@ final case class RocksDBSettings(writeBufferSize: Long, blockCacheSize: Long, bl
  * @param maxStoreMemory with `auto`, a store also moves to RocksDB once its in-memory size passes
  *                       this many bytes (None: only when Spark's memory manager refuses memory)
  */
-final case class StoreSettings(backend: StateBackend, rocksdb: RocksDBSettings, maxStoreMemory: Option[Long])
+final case class StoreSettings(backend: StateBackend, rocksdb: RocksDBSettings,
+    maxStoreMemory: Option[Long])

@@ -23,19 +23,26 @@ final case class NodeKind[T](matches: T => Boolean, isJoin: Boolean)
  * a join stays Spark's. Safety never depends on these: the planner checks every group it converts
  * on its own; a pattern only decides which nodes TSC tries to group.
  */
-final case class Check[T](appliesTo: Set[String], argument: String, build: JsonNode => Either[String, T => Boolean], fails: String)
+final case class Check[T](appliesTo: Set[String], argument: String,
+    build: JsonNode => Either[String, T => Boolean], fails: String)
 
 /** The node kinds and checks the rules for one plan type (logical or physical) may use. */
-final case class PatternVocabulary[T](planType: String, nodeKinds: Map[String, NodeKind[T]], checks: Map[String, Check[T]])
+final case class PatternVocabulary[T](planType: String, nodeKinds: Map[String, NodeKind[T]],
+    checks: Map[String, Check[T]])
 
-/** One entry of a rules file: a node kind, its role, and the checks that must all hold (each with what its failure means). */
-final case class MemberPattern[T](nodeKind: String, role: MemberRole, checks: Seq[(T => Boolean, String)], aboveJoin: Boolean)
+/**
+ * One entry of a rules file: a node kind, its role, and the checks that must all hold (each with
+ * what its failure means).
+ */
+final case class MemberPattern[T](nodeKind: String, role: MemberRole,
+    checks: Seq[(T => Boolean, String)], aboveJoin: Boolean)
 
 /**
  * The paper's canBeMultiJoinGroupMember as data: the first pattern matching a node gives its role.
  * `aboveJoin` is the paper's "node.inputs[0] is JoinNode", through other pass-through members.
  */
-final case class MemberPatterns[T <: TreeNode[T]](source: String, patterns: Seq[MemberPattern[T]], vocabulary: PatternVocabulary[T]) {
+final case class MemberPatterns[T <: TreeNode[T]](source: String, patterns: Seq[MemberPattern[T]],
+    vocabulary: PatternVocabulary[T]) {
 
   def roleOf(node: T): Option[MemberRole] = patterns.collectFirst {
     case p if matches(p, node) => p.role
@@ -66,56 +73,74 @@ object MemberPatterns {
    * Loads `<name>.yaml` from `rulesDir` if given (spark.umjoin.rulesDir), else the rules built into
    * the jar from the repository's rules/ directory.
    */
-  def load[T <: TreeNode[T]](name: String, rulesDir: Option[String], vocabulary: PatternVocabulary[T]): MemberPatterns[T] =
+  def load[T <: TreeNode[T]](name: String, rulesDir: Option[String],
+      vocabulary: PatternVocabulary[T]): MemberPatterns[T] =
     rulesDir match {
       case Some(dir) =>
         val file = new File(dir, s"$name.yaml")
         val text = Try(new String(Files.readAllBytes(file.toPath), StandardCharsets.UTF_8)) match {
           case Success(t) => t
           case Failure(e: java.nio.file.NoSuchFileException) =>
-            throw new RulesException(s"UMJoin rules file ${file.getPath} is missing (spark.umjoin.rulesDir=$dir). " +
-              s"Copy rules/$name.yaml from the UMJoin repository there, or unset spark.umjoin.rulesDir to use the built-in rules.")
+            throw new RulesException(s"UMJoin rules file ${file.getPath}" +
+              s" is missing (spark.umjoin.rulesDir=$dir). " + s"Copy rules/$name" +
+              (".yaml from the UMJoin repository there, or unset spark.umjoin.rulesDir to use " +
+                "the built-in rules."))
           case Failure(e: IOException) =>
-            throw new RulesException(s"UMJoin rules file ${file.getPath} cannot be read: $e. Check its permissions.")
+            throw new RulesException(
+              s"UMJoin rules file ${file.getPath} cannot be read: $e. Check its permissions.")
           case Failure(e) => throw e
         }
         parse(file.getPath, text, vocabulary)
       case None =>
         val resource = BuiltInLocation + s"$name.yaml"
         val stream = Option(getClass.getClassLoader.getResourceAsStream(resource)).getOrElse {
-          throw new RulesException(s"UMJoin built-in rules $resource are missing from the UMJoin jar; rebuild it with `make build`.")
+          throw new RulesException(s"UMJoin built-in rules $resource" +
+            " are missing from the UMJoin jar; rebuild it with `make build`.")
         }
-        val text = try new String(stream.readAllBytes(), StandardCharsets.UTF_8) finally stream.close()
+        val text =
+          try new String(stream.readAllBytes(), StandardCharsets.UTF_8) finally stream.close()
         parse(s"built-in $resource", text, vocabulary)
     }
 
-  def parse[T <: TreeNode[T]](source: String, text: String, vocabulary: PatternVocabulary[T]): MemberPatterns[T] = {
-    def fail(problem: String): Nothing = throw new RulesException(s"UMJoin rules file $source: $problem")
+  def parse[T <: TreeNode[T]](source: String, text: String,
+      vocabulary: PatternVocabulary[T]): MemberPatterns[T] = {
+    def fail(problem: String): Nothing =
+      throw new RulesException(s"UMJoin rules file $source: $problem")
 
     val root = try new ObjectMapper(new YAMLFactory()).readTree(text) catch {
       case e: JsonProcessingException =>
-        val where = Option(e.getLocation).map(l => s" at line ${l.getLineNr}, column ${l.getColumnNr}").getOrElse("")
+        val where = Option(e.getLocation)
+          .map(l => s" at line ${l.getLineNr}, column ${l.getColumnNr}").getOrElse("")
         fail(s"not valid YAML$where: ${e.getOriginalMessage}")
     }
-    if (root == null || !root.isObject) fail("expected a mapping with the keys `plan` and `members`")
-    unknownKeys(root, Set("plan", "members")).foreach(k => fail(s"unknown key `$k`; expected `plan` and `members`"))
-    val plan = Option(root.get("plan")).filter(_.isTextual).map(_.asText).getOrElse(fail("`plan` is missing or not a string"))
-    if (plan != vocabulary.planType) fail(s"`plan: $plan` does not fit here: these rules are for ${vocabulary.planType} plans")
+    if (root == null || !root.isObject)
+      fail("expected a mapping with the keys `plan` and `members`")
+    unknownKeys(root, Set("plan", "members"))
+      .foreach(k => fail(s"unknown key `$k`; expected `plan` and `members`"))
+    val plan = Option(root.get("plan")).filter(_.isTextual).map(_.asText)
+      .getOrElse(fail("`plan` is missing or not a string"))
+    if (plan != vocabulary.planType)
+      fail(s"`plan: $plan` does not fit here: these rules are for ${vocabulary.planType} plans")
     val members = Option(root.get("members")).filter(n => n.isArray && n.size > 0)
       .getOrElse(fail("`members` is missing or empty; list at least one member pattern"))
 
     val patterns = members.elements.asScala.zipWithIndex.map { case (entry, i) =>
       def failEntry(problem: String): Nothing = fail(s"member ${i + 1}: $problem")
       if (!entry.isObject) failEntry("expected a mapping with `node`, `role` and optionally `when`")
-      unknownKeys(entry, Set("node", "role", "when")).foreach(k => failEntry(s"unknown key `$k`; expected `node`, `role`, `when`"))
-      val kindName = Option(entry.get("node")).filter(_.isTextual).map(_.asText).getOrElse(failEntry("`node` is missing"))
+      unknownKeys(entry, Set("node", "role", "when"))
+        .foreach(k => failEntry(s"unknown key `$k`; expected `node`, `role`, `when`"))
+      val kindName = Option(entry.get("node")).filter(_.isTextual).map(_.asText)
+        .getOrElse(failEntry("`node` is missing"))
       val kind = vocabulary.nodeKinds.getOrElse(kindName, failEntry(
-        s"unknown node `$kindName`; ${vocabulary.planType} plans know ${vocabulary.nodeKinds.keys.toSeq.sorted.mkString(", ")}"))
+        s"unknown node `$kindName`; ${vocabulary.planType} plans know " +
+          s"${vocabulary.nodeKinds.keys.toSeq.sorted.mkString(", ")}"))
       val role = Option(entry.get("role")).map(_.asText) match {
         case Some("join") if kind.isJoin => MemberRole.Join
         case Some("passThrough") if !kind.isJoin => MemberRole.PassThrough
-        case Some(r @ ("join" | "passThrough")) => failEntry(s"`$kindName` cannot have role `$r`: " +
-          (if (kind.isJoin) "a join node has role `join`" else "only join nodes have role `join`; use `passThrough`"))
+        case Some(r @ ("join" | "passThrough")) =>
+          failEntry(s"`$kindName` cannot have role `$r`: " +
+            (if (kind.isJoin) "a join node has role `join`" else "only join nodes have role " +
+              "`join`; use `passThrough`"))
         case Some(other) => failEntry(s"unknown role `$other`; expected `join` or `passThrough`")
         case None => failEntry("`role` is missing (join or passThrough)")
       }
@@ -126,14 +151,17 @@ object MemberPatterns {
         val name = field.getKey
         val arg = field.getValue
         if (name == "aboveJoin") {
-          if (!(arg.isBoolean && arg.asBoolean)) failEntry("check `aboveJoin` takes `true`; remove the line to drop it")
+          if (!(arg.isBoolean && arg.asBoolean))
+            failEntry("check `aboveJoin` takes `true`; remove the line to drop it")
           if (kind.isJoin) failEntry("check `aboveJoin` applies to pass-through nodes, not joins")
           aboveJoin = true
           None
         } else {
           val check = vocabulary.checks.getOrElse(name, failEntry(
-            s"unknown check `$name`; known checks: ${(vocabulary.checks.keys.toSeq :+ "aboveJoin").sorted.mkString(", ")}"))
-          if (!check.appliesTo.contains(kindName)) failEntry(s"check `$name` does not apply to `$kindName` (it applies to ${check.appliesTo.toSeq.sorted.mkString(", ")})")
+            s"unknown check `$name`; known checks: " +
+              s"${(vocabulary.checks.keys.toSeq :+ "aboveJoin").sorted.mkString(", ")}"))
+          if (!check.appliesTo.contains(kindName)) failEntry(s"check `$name` does not apply to `" +
+            s"$kindName` (it applies to ${check.appliesTo.toSeq.sorted.mkString(", ")})")
           check.build(arg) match {
             case Right(test) => Some((test, check.fails))
             case Left(problem) => failEntry(s"check `$name` ${check.argument}: $problem")
@@ -142,7 +170,8 @@ object MemberPatterns {
       }
       MemberPattern[T](kindName, role, checks, aboveJoin)
     }.toSeq
-    if (!patterns.exists(_.role == MemberRole.Join)) fail("no member has role `join`, so no group could ever start")
+    if (!patterns.exists(_.role == MemberRole.Join))
+      fail("no member has role `join`, so no group could ever start")
     MemberPatterns(source, patterns, vocabulary)
   }
 
@@ -154,19 +183,23 @@ object MemberPatterns {
    * The `joinType` check: the node's join type is one of a list of `supported` names; `unsupported`
    * says why a name outside it cannot be a member; `joinTypeOf` reads a node's join type.
    */
-  def joinTypes[T](appliesTo: Set[String], supported: Map[String, JoinType], unsupported: String)(joinTypeOf: T => Option[JoinType]): Check[T] =
-    Check(appliesTo, s"takes a list of join types (supported: ${supported.keys.toSeq.sorted.mkString(", ")})", fails = "UMJoin does not compute its join type", build = arg => {
-      val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
-      val unknown = names.filterNot(supported.contains)
-      if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
-      else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} $unsupported")
-      else {
-        val types = names.map(supported).toSet
-        Right(node => joinTypeOf(node).exists(types.contains))
-      }
-    })
+  def joinTypes[T](appliesTo: Set[String], supported: Map[String, JoinType],
+      unsupported: String)(joinTypeOf: T => Option[JoinType]): Check[T] =
+    Check(appliesTo,
+      s"takes a list of join types (supported: ${supported.keys.toSeq.sorted.mkString(", ")})",
+      fails = "UMJoin does not compute its join type", build = arg => {
+        val names = if (arg.isArray) arg.elements.asScala.map(_.asText).toSeq else Seq.empty
+        val unknown = names.filterNot(supported.contains)
+        if (names.isEmpty) Left("expected a non-empty list such as [Inner]")
+        else if (unknown.nonEmpty) Left(s"${unknown.mkString(", ")} $unsupported")
+        else {
+          val types = names.map(supported).toSet
+          Right(node => joinTypeOf(node).exists(types.contains))
+        }
+      })
 
   def flag[T](appliesTo: Set[String], fails: String)(test: T => Boolean): Check[T] =
     Check(appliesTo, "takes `true`", arg =>
-      if (arg.isBoolean && arg.asBoolean) Right(test) else Left("remove the line to drop the check"), fails)
+      if (arg.isBoolean && arg.asBoolean)
+        Right(test) else Left("remove the line to drop the check"), fails)
 }

@@ -10,7 +10,10 @@ import org.apache.spark.sql.catalyst.trees.TreeNode
 sealed trait MemberRole
 
 object MemberRole {
-  /** A binary join: it joins the group of its output, or else starts a group (Algorithm 2, l. 13-15). */
+  /**
+   * A binary join: it joins the group of its output, or else starts a group (Algorithm 2, l.
+   * 13-15).
+   */
   case object Join extends MemberRole
   /** A node between joins (the paper's HashNode): it can only join the group of its output. */
   case object PassThrough extends MemberRole
@@ -25,16 +28,17 @@ object MemberRole {
 final case class MultiJoinGroup[T](root: T, members: Seq[T], inputs: Seq[T])
 
 /**
- * Two-Step Convert (paper 000, section 3.2): step 1 finds the groups, step 2 replaces each group by
- * one multi-way join node. Generic over the plan type, so batch (logical plans) and streaming
- * (physical plans) share it. `roleOf` is the paper's canBeMultiJoinGroupMember.
+ * Two-Step Convert (UMJoin paper 000, section 3.2): step 1 finds the groups, step 2 replaces each
+ * group by one multi-way join node. Generic over the plan type, so batch (logical plans) and
+ * streaming (physical plans) share it. `roleOf` is the paper's canBeMultiJoinGroupMember.
  *
  * Plan nodes are compared by identity, never by equality: the two sides of a self-join are equal
  * trees but different nodes. `keptAsInput(output, child)` says a child stays an input of its
  * output's group whatever its role: the right side of a semi or anti join, which the multi-way
  * join probes as one store.
  */
-final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole], keptAsInput: (T, T) => Boolean = (_: T, _: T) => false) {
+final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole],
+    keptAsInput: (T, T) => Boolean = (_: T, _: T) => false) {
 
   /** Algorithm 1. */
   def convert(root: T, createMultiJoinNode: (MultiJoinGroup[T], Seq[T]) => T): T =
@@ -112,9 +116,11 @@ final class TwoStepConvert[T <: TreeNode[T]](roleOf: T => Option[MemberRole], ke
       outputOf: IdentityHashMap[T, T],
       groupRootOf: IdentityHashMap[T, T],
       splitAt: Seq[T]): Option[T] = {
-    // Plans are trees: a node has at most one output, so "all outputs in one group" is that output's group.
+    // Plans are trees: a node has at most one output, so "all outputs in one group" is that
+    // output's group.
     if (splitAt.exists(_ eq node)) None
-    else Option(outputOf.get(node)).filterNot(keptAsInput(_, node)).flatMap(output => Option(groupRootOf.get(output)))
+    else Option(outputOf.get(node)).filterNot(keptAsInput(_, node))
+      .flatMap(output => Option(groupRootOf.get(output)))
   }
 
   private def groupRootedAt(root: T, groupRootOf: IdentityHashMap[T, T]): MultiJoinGroup[T] = {

@@ -1,6 +1,6 @@
 // Spark's HashedRelation and a task's memory manager are private to Spark, so the in-memory stores
-// that use them (this one, PagedStore and SpillingStore) live in a package below org.apache.spark.sql.execution.
-// Nothing else of the shim does.
+// that use them (this one, PagedStore and SpillingStore) live in a package below
+// org.apache.spark.sql.execution. Nothing else of the shim does.
 package org.apache.spark.sql.execution.umjoin
 
 import org.apache.spark.TaskContext
@@ -13,10 +13,12 @@ import org.apache.spark.sql.execution.joins.HashedRelation
 import umjoin.spark.core.store.{JoinStore, SmallStore}
 
 /**
- * A store in Spark's own memory-managed hash map (BytesToBytesMap / LongToUnsafeRowMap of UnsafeRows).
- * `owned`: the task built it and frees it; otherwise it is a broadcast table other tasks share.
+ * A store in Spark's own memory-managed hash map (BytesToBytesMap / LongToUnsafeRowMap of
+ * UnsafeRows). `owned`: the task built it and frees it; otherwise it is a broadcast table other
+ * tasks share.
  */
-final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Boolean) extends JoinStore {
+final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Boolean)
+  extends JoinStore {
   override val isEmpty: Boolean = !relation.keys().hasNext
   override def get(key: UnsafeRow): Iterator[InternalRow] = {
     val rows = relation.get(key)
@@ -33,19 +35,24 @@ object InMemoryStore {
 
   /**
    * The stores of a batch task's partition of an input, one per index (`indexKeys`, bound to the
-   * input's output). Rows that fit in a small store's bytes stay in JVM maps; more go to Spark's hash
-   * maps, as Spark's own hash joins hold a partition, in memory granted by the task's memory manager,
-   * freed when the task ends. With several indexes those rows are read once into Spark's spillable
-   * row buffer and indexed from there. (A streaming task's micro-batch rows: [[PagedStore]].)
+   * input's output). Rows that fit in a small store's bytes stay in JVM maps; more go to Spark's
+   * hash maps, as Spark's own hash joins hold a partition, in memory granted by the task's memory
+   * manager, freed when the task ends. With several indexes those rows are read once into Spark's
+   * spillable row buffer and indexed from there. (A streaming task's micro-batch rows:
+   * [[PagedStore]].)
    */
-  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] =
+  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]],
+      inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] =
     SmallStore.buildOr(rows, indexKeys, inputOutput) { all =>
       val stores = indexKeys match {
-        case Seq(keys) => Seq(new InMemoryStore(HashedRelation(all, keys, 64, context.taskMemoryManager()), owned = true))
+        case Seq(keys) => Seq(new InMemoryStore(HashedRelation(all, keys, 64,
+          context.taskMemoryManager()), owned = true))
         case _ =>
-          val buffer = new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
+          val buffer =
+            new ExternalAppendOnlyUnsafeRowArray(4096, Long.MaxValue, Int.MaxValue, Long.MaxValue)
           all.foreach(buffer.add)
-          val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
+          val built = indexKeys.map(keys => new InMemoryStore(HashedRelation(
+            buffer.generateIterator(), keys, 64, context.taskMemoryManager()), owned = true))
           buffer.clear()
           built
       }
@@ -54,15 +61,22 @@ object InMemoryStore {
     }
 }
 
-/** A broadcast input's hash table (its plan's broadcast mode is HashedRelationBroadcastMode), as a UMJoin's tasks use it. */
+/**
+ * A broadcast input's hash table (its plan's broadcast mode is HashedRelationBroadcastMode), as a
+ * UMJoin's tasks use it.
+ */
 final class BroadcastTable private (broadcast: Broadcast[HashedRelation]) extends Serializable {
   /** The table's size, read where it was built (the driver). */
   def sizeInBytes: Long = broadcast.value.estimatedSize
 
-  /** A task's view of the table (its own read cursor over the map the executor's tasks share); never freed by the task. */
+  /**
+   * A task's view of the table (its own read cursor over the map the executor's tasks share); never
+   * freed by the task.
+   */
   def store(): InMemoryStore = new InMemoryStore(broadcast.value.asReadOnlyCopy(), owned = false)
 }
 
 object BroadcastTable {
-  def of(plan: SparkPlan): BroadcastTable = new BroadcastTable(plan.executeBroadcast[HashedRelation]())
+  def of(plan: SparkPlan): BroadcastTable =
+    new BroadcastTable(plan.executeBroadcast[HashedRelation]())
 }

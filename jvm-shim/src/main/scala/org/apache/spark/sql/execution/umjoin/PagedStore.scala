@@ -6,7 +6,8 @@ import scala.collection.mutable
 import org.apache.spark.TaskContext
 import org.apache.spark.memory.TaskMemoryManager
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression,
+  UnsafeProjection, UnsafeRow}
 import org.apache.spark.unsafe.map.BytesToBytesMap
 
 import umjoin.spark.core.store.{JoinStore, SmallStore}
@@ -46,7 +47,8 @@ object PagedStore {
   val PageBytes: Long = (1L << 20) - 16
 
   /** The rows stored under the key `location` found (none if it found nothing), each in `row`. */
-  def rowsAt(location: BytesToBytesMap#Location, row: UnsafeRow): Iterator[InternalRow] = new Iterator[InternalRow] {
+  def rowsAt(location: BytesToBytesMap#Location,
+      row: UnsafeRow): Iterator[InternalRow] = new Iterator[InternalRow] {
     private var more = location.isDefined
     override def hasNext: Boolean = more
     override def next(): InternalRow = {
@@ -65,17 +67,19 @@ object PagedStore {
     }
 
   /**
-   * One store per index (`indexKeys`, bound to `inputOutput`) of `rows`, those whose key has no NULL:
-   * in JVM maps while they fit in [[SmallStore.MaxBytes]], else in paged maps (the first index's
-   * reads the rows, the others read it). Closed when the task ends.
+   * One store per index (`indexKeys`, bound to `inputOutput`) of `rows`, those whose key has no
+   * NULL: in JVM maps while they fit in [[SmallStore.MaxBytes]], else in paged maps (the first
+   * index's reads the rows, the others read it). Closed when the task ends.
    */
-  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]], inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] =
+  def build(rows: Iterator[InternalRow], indexKeys: Seq[Seq[Expression]],
+      inputOutput: Seq[Attribute], context: TaskContext): Seq[JoinStore] =
     SmallStore.buildOr(rows, indexKeys, inputOutput) { all =>
       val memory = context.taskMemoryManager()
       val maps = mutable.ArrayBuffer[BytesToBytesMap]()
       try {
         maps += filled(all, indexKeys.head, memory)
-        indexKeys.tail.foreach(keys => maps += filled(valuesOf(maps.head, inputOutput.size), keys, memory))
+        indexKeys.tail.foreach(keys =>
+          maps += filled(valuesOf(maps.head, inputOutput.size), keys, memory))
       } catch {
         case e: Throwable =>
           maps.foreach(_.free())
@@ -87,7 +91,8 @@ object PagedStore {
     }
 
   /** Every row of `map`, in one reused UnsafeRow. */
-  private def valuesOf(table: BytesToBytesMap, numFields: Int): Iterator[UnsafeRow] = new Iterator[UnsafeRow] {
+  private def valuesOf(table: BytesToBytesMap,
+      numFields: Int): Iterator[UnsafeRow] = new Iterator[UnsafeRow] {
     private val records = table.iterator()
     private val row = new UnsafeRow(numFields)
     override def hasNext: Boolean = records.hasNext
@@ -98,7 +103,8 @@ object PagedStore {
     }
   }
 
-  private def filled(rows: Iterator[UnsafeRow], keys: Seq[Expression], memory: TaskMemoryManager): BytesToBytesMap = {
+  private def filled(rows: Iterator[UnsafeRow], keys: Seq[Expression],
+      memory: TaskMemoryManager): BytesToBytesMap = {
     val keyOf = UnsafeProjection.create(keys)
     val map = new BytesToBytesMap(memory, 64, PageBytes)
     try {
@@ -106,10 +112,14 @@ object PagedStore {
         val key = keyOf(row)
         if (!key.anyNull) {
           val at = map.lookup(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-          if (!at.append(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, row.getBaseObject, row.getBaseOffset, row.getSizeInBytes))
-            throw new IllegalStateException(s"UMJoin: the task's memory manager refused memory for ${map.numValues + 1} rows " +
-              s"(${map.getTotalMemoryConsumption >> 20} MB) of an input indexed in memory. Give the executors more memory " +
-              "(spark.executor.memory, spark.memory.fraction) or spread the rows over more partitions")
+          if (!at.append(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes,
+              row.getBaseObject, row.getBaseOffset, row.getSizeInBytes))
+            throw new IllegalStateException(
+              s"UMJoin: the task's memory manager refused memory for ${map.numValues + 1} rows " +
+                s"(${map.getTotalMemoryConsumption >> 20}" +
+                " MB) of an input indexed in memory. Give the executors more memory " +
+                ("(spark.executor.memory, spark.memory.fraction) or spread the rows over more " +
+                  "partitions"))
         }
       }
       map
