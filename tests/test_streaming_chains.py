@@ -617,3 +617,38 @@ def test_a_left_anti_join_of_two_streams_without_a_time_bound_is_refused_saying_
     z = stream(spark, tmp_path / "z", columns("z")).withWatermark("z_ts", DELAY)
     with pytest.raises(Exception, match="UMJoin cannot run the LEFT ANTI join of two streams ON .*no watermark in its join keys"):
         x.join(z, F.col("x_k") == F.col("z_k"), "left_anti").schema
+
+
+def broadcasts_so_far(spark: SparkSession) -> int:
+    """The id the next broadcast variable of the application gets: ids count every broadcast made."""
+    probe = spark.sparkContext.broadcast(0)
+    next_id = int(probe._jbroadcast.id())  # type: ignore[attr-defined]
+    probe.destroy()
+    return next_id
+
+
+def test_a_converted_chain_is_planned_without_sparks_joins_so_its_micro_batches_broadcast_no_hadoop_configuration(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's stream-stream join broadcasts the Hadoop configuration each time it is constructed, and Spark
+    constructs each join several times while it plans a micro-batch. The streaming planner plans the group from the
+    logical plan, so Spark never constructs the joins it replaces: progress lists one state operator, and the
+    micro-batches broadcast no more than their file scans do, against several per join with Spark's joins."""
+    rng = random.Random(66)
+    sides = [("left", "k")] * 5
+    random_streams(tmp_path, ["x", *(f"z{i}" for i in range(1, 6))], rng, minutes=30, most_cuts=2)
+    counts = {}
+    with temporary_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
+        for label, conf in (("umjoin", {}), ("spark", SPARK_JOINS)):
+            with temporary_conf(spark, conf):
+                before = broadcasts_so_far(spark)
+                query, rows = run_by_batch(chain_query(spark, tmp_path, sides, False), tmp_path / f"ck-{label}")
+                counts[label] = (broadcasts_so_far(spark) - before - 1, len(query.recentProgress), query, rows)
+
+    umjoin_broadcasts, umjoin_batches, umjoin, on = counts["umjoin"]
+    spark_broadcasts, spark_batches, _, off = counts["spark"]
+    assert on == off
+    assert [op["operatorName"] for op in umjoin.lastProgress["stateOperators"]] == ["umJoin"]
+    assert "StreamingSymmetricHashJoin" not in executed_plan(umjoin)
+    # Six file scans a micro-batch at most; Spark's five joins take several broadcasts each on top.
+    assert umjoin_broadcasts <= 6 * umjoin_batches, (umjoin_broadcasts, umjoin_batches)
+    assert spark_broadcasts >= umjoin_broadcasts + 5 * 5 * spark_batches, (spark_broadcasts, spark_batches)

@@ -8,7 +8,8 @@ import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan}
 
 import umjoin.spark.batch.{BatchUMJoinStrategy, BroadcastStageInputs}
 import umjoin.spark.core.tsc.{LogicalPatterns, MemberPatterns, PhysicalPatterns}
-import umjoin.spark.streaming.{StreamAntiJoins, StreamingUMJoinRule, WholeMicroBatchStrategy,
+import umjoin.spark.streaming.{StreamAntiJoins, StreamingPlannerStrategy, StreamingUMJoinRule,
+  WholeMicroBatchStrategy,
   WindowJoinSlices}
 
 /**
@@ -26,6 +27,9 @@ class UMJoinExtensions extends (SparkSessionExtensions => Unit) {
     // Spark asks for the strategy at every planning call: keep construction cheap.
     extensions.injectPlannerStrategy(session => new BatchUMJoinStrategy(session, batchPatterns))
     extensions.injectQueryPostPlannerStrategyRule(_ => BroadcastStageInputs)
+    // Plans a micro-batch's stream-stream joins from its logical plan, before Spark's strategy.
+    extensions.injectPlannerStrategy(session =>
+      new StreamingPlannerStrategy(session, new StreamingUMJoinRule(session, streamingPatterns)))
     // Keeps micro-batches that may store static tables whole under AQE, for the streaming hook.
     extensions.injectPlannerStrategy(session => new WholeMicroBatchStrategy(session))
     // Left anti joins of two streams, as left outer joins keeping the padded rows, before Spark

@@ -1,14 +1,13 @@
 package umjoin.spark.streaming
 
-import scala.collection.mutable
-
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
+import org.apache.spark.sql.execution.{PlanLater, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
   StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
   StreamingSymmetricHashJoinExec}
 
-import umjoin.spark.core.tsc.{MultiJoinGroup, PhysicalPatterns}
+import umjoin.spark.core.tsc.{MultiJoinGroup, PhysicalPatterns, StreamJoin}
 
 /**
  * Where the ids of the stream-stream joins a StreamingUMJoin replaces sit in its plan, so that
@@ -36,33 +35,39 @@ object JoinWatermarks {
   private val Far = 4000000000000L
 
   /**
-   * The chain for the group's stream-stream joins (`stateful`, the top one first, whose id the
+   * The chain for the group's stream-stream joins (`joins`, the top one first, whose id the
    * StreamingUMJoin keeps), None when they have no watermark, or why Spark's watermarks cannot be
-   * reproduced for the group.
+   * reproduced for the group. Joins Spark never planned (the streaming planner's, without state
+   * info) have no ids to keep: the StreamingUMJoin takes its inputs' watermark and shifts it
+   * (`outputShiftMs`) to the group's output.
    */
   def of(group: MultiJoinGroup[SparkPlan],
-      stateful: Seq[StreamingSymmetricHashJoinExec]): Either[String, Option[JoinWatermarks]] = {
-    val inputWatermark = mutable.Map[Long, Option[Long]]()
+      joins: Seq[StreamJoin]): Either[String, Option[JoinWatermarks]] = {
+    val inputWatermark = new java.util.IdentityHashMap[SparkPlan, Option[Long]]()
     // Spark's simulation, over the group as Spark planned it (an input's own stateful operators
     // included).
     def simulate(node: SparkPlan): Option[Long] = node match {
       case _: EventTimeWatermarkExec => Some(Far)
+      case later: PlanLater =>
+        Option.when(later.plan.exists(_.isInstanceOf[EventTimeWatermark]))(Far)
       case _ =>
         val in = node.children.flatMap(simulate).minOption
         node match {
-          case j: StreamingSymmetricHashJoinExec if stateful.exists(_ eq j) =>
-            inputWatermark(j.getStateInfo.operatorId) = in
+          case StreamJoin(j) if joins.exists(_.node eq j.node) =>
+            inputWatermark.put(j.node, in)
             in.flatMap(j.produceOutputWatermark)
           case s: StateStoreWriter => in.flatMap(s.produceOutputWatermark)
           case _ => in
         }
     }
     val output = simulate(group.root)
-    val offsets = stateful.map(j => j -> inputWatermark(j.getStateInfo.operatorId).map(Far - _))
-    if (stateful.isEmpty || offsets.forall(_._2.isEmpty)) Right(None)
+    val offsets = joins.map(j => j -> inputWatermark.get(j.node).map(Far - _))
+    if (joins.isEmpty || offsets.forall(_._2.isEmpty)) Right(None)
     else if (offsets.exists(_._2.isEmpty) || output.isEmpty)
       Left("some of its stream-stream joins have no watermark below them and others do, which " +
         "the StreamingUMJoin cannot pass on as Spark does")
+    else if (joins.forall(_.stateInfo.isEmpty))
+      Right(Some(JoinWatermarks(-1, Nil, output.get - Far)))
     else {
       val top = offsets.head._2.get
       val below = offsets.tail.map { case (j, c) => (j, c.get) }.sortBy(_._2)
@@ -75,8 +80,10 @@ object JoinWatermarks {
         "stream-stream join takes, which the StreamingUMJoin cannot pass on as Spark does")
       else {
         val next = below.drop(1).map(_._2) :+ top
-        Right(Some(JoinWatermarks(carrier, below.zip(next).map { case ((j, c), n) => (j, c - n) },
-          top - (Far - output.get))))
+        val chain = below.zip(next).map { case ((j, c), n) =>
+          (j.node.asInstanceOf[StreamingSymmetricHashJoinExec], c - n)
+        }
+        Right(Some(JoinWatermarks(carrier, chain, top - (Far - output.get))))
       }
     }
   }

@@ -12,7 +12,9 @@ import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric,
   StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{StateSchemaValidationResult, StateStore}
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaCompatibilityChecker,
+  StateSchemaValidationResult, StateStore, StateStoreColFamilySchema}
+import org.apache.spark.sql.types.{IntegerType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
 
@@ -70,6 +72,8 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  *                    slices that range overlaps
  * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's
  *                    join tree (see [[umjoin.spark.streaming.JoinWatermarks]])
+ * @param inputWatermarkForEviction the input watermark Spark's simulation gives this operator, where
+ *                    the streaming planner knows it (the joins' own watermarks are below it)
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -91,6 +95,7 @@ case class StreamingUMJoinExec(
     eventTimeWatermarkForEviction: Option[Long],
     sliceBounds: Seq[Seq[SliceWindow.Bound]],
     outputWatermarkShiftMs: Long,
+    inputWatermarkForEviction: Option[Long],
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
   override def nodeName: String = "StreamingUMJoin"
@@ -143,10 +148,19 @@ case class StreamingUMJoinExec(
     } else PartitioningCollection(keys.map(key => HashPartitioning(Seq(key), partitions)))
   }
 
-  // Schemas of UMJoin's own stores are checked when they are opened; Spark's schema rule runs on
-  // the joins this node replaces, before it exists.
+  /**
+   * Schemas of UMJoin's own stores are checked when they are opened. Spark's schema rule (which
+   * needs one result per operator to write its metadata) checks the operator's one fixed entry: the
+   * layout format of its state.
+   */
   override def validateAndMaybeEvolveStateSchema(hadoopConf: Configuration, batchId: Long,
-      stateSchemaVersion: Int): List[StateSchemaValidationResult] = Nil
+      stateSchemaVersion: Int): List[StateSchemaValidationResult] = {
+    val format = new StructType().add("layoutFormat", IntegerType)
+    val schema = StateStoreColFamilySchema(StateStore.DEFAULT_COL_FAMILY_NAME, 0, format, 0,
+      format)
+    List(StateSchemaCompatibilityChecker.validateAndMaybeEvolveStateSchema(getStateInfo,
+      hadoopConf, List(schema), session.sessionState, stateSchemaVersion))
+  }
 
   /**
    * Per input: its state (rows, index entries, bytes) and its probes; they show in the query's
@@ -193,7 +207,7 @@ case class StreamingUMJoinExec(
    */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) &&
-      eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+      inputWatermarkForEviction.orElse(eventTimeWatermarkForEviction).exists(newInputWatermark > _)
 
   /**
    * The memory and provider metrics of an input's index stores count as the operator's; their

@@ -29,7 +29,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
 import umjoin.spark.core.cost.{JoinSizes, ProbeOrderPolicy}
-import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, TwoStepConvert}
+import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, StreamJoin,
+  TwoStepConvert}
 
 /**
  * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
@@ -169,6 +170,40 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
+   * The streaming planner's groups ([[StreamingPlannerStrategy]]): `tree` is a micro-batch's plan
+   * with its stream-stream joins as StreamJoinMembers over inputs still to be planned; each group
+   * converted comes with its root, its inputs and how to build its StreamingUMJoin over them once
+   * planned. `operatorOf` gives a group its state (by its root).
+   */
+  def plannedGroups(tree: SparkPlan,
+      operatorOf: SparkPlan => Option[StatefulOperatorStateInfo],
+      runId: java.util.UUID, runnable: SparkPlan => SparkPlan, inputWatermark: Option[Long])
+      : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
+    val conf = UMJoinConf.from(session.sessionState.conf)
+    def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
+      session.sparkContext, message)) logInfo(s"UMJoin: $message")
+    val measured =
+      new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
+    def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
+      def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
+      val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
+      FirstBatchStatistics.measure(missing.map { case (input, keys) => (runnable(input), keys) })
+        .zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
+      wanted.map { case (input, keys) => known(input)(keys) }
+    }
+    val mismatched = mutable.Map[Long, String]()
+    val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
+      g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
+        conf.storeStaticTables, conf.timeSlices, operatorOf, mismatched))
+      .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
+        s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
+    accepted.map { case (group, p) =>
+      (group.root, group.inputs,
+        (inputs: Seq[SparkPlan]) => build(group, p, inputs, conf, inputWatermark))
+    }
+  }
+
+  /**
    * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
    * state is either UMJoin's (one store per stream, under the top join's operator id, with its
    * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
@@ -252,8 +287,10 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * y_k` (without expression ids, which change from one micro-batch to the next: a reason is told
    * once).
    */
+  private def describe(join: StreamJoin): String = describe(join.node)
+
   private def describe(node: SparkPlan): String = node match {
-    case j: StreamingSymmetricHashJoinExec =>
+    case StreamJoin(j) =>
       s"${j.joinType.sql} stream-stream join on ${j.leftKeys.zip(j.rightKeys)
         .map { case (l, r) => s"${l.sql} = ${r.sql}" }.mkString(" AND ")}"
     case other => other.nodeName
@@ -271,7 +308,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       compositeIndexes: Boolean, storeStatic: Boolean,
       timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
-    val stateful = group.members.collect { case j: StreamingSymmetricHashJoinExec => j }
+    val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
     val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
@@ -284,15 +321,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     def resolve(e: Expression): Expression = e.transformUp {
       case a: Attribute if aliases.contains(a.exprId) => resolve(aliases(a.exprId))
     }
-    def joinConjuncts(j: StreamingSymmetricHashJoinExec): Seq[Expression] =
+    def joinConjuncts(j: StreamJoin): Seq[Expression] =
       (j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++
         j.condition.full.toSeq.flatMap(splitConjunctivePredicates)).map(resolve)
     val semiAndOuter = semiAndOuterJoins(group, kinds)
     val (semiJoins, outerJoins) = semiAndOuter.getOrElse((Nil, Nil))
     val nonInner = semiJoins ++ outerJoins
     val conjuncts = group.members.flatMap {
-      case j: StreamingSymmetricHashJoinExec if nonInner.exists(_._1 eq j) => Nil
-      case j: StreamingSymmetricHashJoinExec => joinConjuncts(j)
+      case StreamJoin(j) if nonInner.exists(_._1.node eq j.node) => Nil
+      case StreamJoin(j) => joinConjuncts(j)
       case j: BaseJoinExec =>
         j.leftKeys.zip(j.rightKeys).map { case (l, r) => EqualTo(l, r) } ++
           j.condition.toSeq.flatMap(splitConjunctivePredicates)
@@ -316,7 +353,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       e.asInstanceOf[Attribute].exprId == a.exprId) }
     val read = AttributeSet(resultColumns.flatMap(_._2.references))
     val resultInputs = outputs.flatten.filter(read.contains).distinct
-    val stateInfo = stateful.headOption.map(_.getStateInfo).orElse(newOperator(group.root))
+    val stateInfo = stateful.headOption.flatMap(_.stateInfo).orElse(newOperator(group.root))
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the
     // checkpoint's choice then stays).
@@ -325,7 +362,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     // or that of a StreamingUMJoin under a join other than the group's first. Those joins go on as
     // they ran.
     val ranOnItsOwn =
-      stateful.zipWithIndex.map { case (j, k) => (j.getStateInfo, k) }.filter { case (s, k) =>
+      stateful.zipWithIndex.collect { case (j, k) if j.stateInfo.isDefined => (j.stateInfo.get, k) }
+        .filter { case (s, k) =>
         lazy val written = StreamingRegistry.run(s.queryRunId,
           session.sparkContext).writtenBefore.computeIfAbsent(s.operatorId,
             _ => OperatorCheckpoint.writtenBy(new OperatorCheckpoint(s,
@@ -396,13 +434,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       else {
         val info = stateInfo.get
         def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
-          val evictionWatermark = stateful.flatMap(_.eventTimeWatermarkForEviction).minOption
+          val evictionWatermark = stateful.flatMap(_.evictionWatermark).minOption
           Right(StreamingGroupPlan(
             graph = graph.copy(residuals = graph.residuals ++ lateConditions),
             inputs = inputs,
             layout = layout,
             stateInfo = info,
-            identity = stateful.headOption,
+            identity = stateful.headOption.map(_.node)
+              .collect { case j: StreamingSymmetricHashJoinExec => j },
             marks = marks,
             watermarks = joinWatermarks.toOption.flatten,
             output = if (!computed) group.root.output else resultInputs.map { a =>
@@ -426,7 +465,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
                   outerJoins.map { case (j, o) =>
                     if (i == p.starts(o)) Some(p.now(o))
                     else StreamingWatermarks.paddedBefore(i, p.starts(o), outputs, distances,
-                      preservedStateWatermark(j, j.eventTimeWatermarkForEviction))
+                      preservedStateWatermark(j, j.evictionWatermark))
                   }
                 }
                 (StreamingWatermarks.evictableRows(i, outputs, graph.classes,
@@ -522,7 +561,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * ([[WindowJoinSlices]]).
    */
   private def timeSliced(group: MultiJoinGroup[SparkPlan]): Boolean = group.members.exists {
-    case j: StreamingSymmetricHashJoinExec => j.leftKeys.exists(_.isInstanceOf[TimeSlice])
+    case StreamJoin(j) => j.leftKeys.exists(_.isInstanceOf[TimeSlice])
     case _ => false
   }
 
@@ -536,14 +575,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * stream, or a join tree's output the group's splitting cut off).
    */
   private def semiAndOuterJoins(group: MultiJoinGroup[SparkPlan], kinds: IndexedSeq[InputKind])
-      : Either[String, (Seq[(StreamingSymmetricHashJoinExec, Int)],
-        Seq[(StreamingSymmetricHashJoinExec, Int)])] = {
+      : Either[String, (Seq[(StreamJoin, Int)], Seq[(StreamJoin, Int)])] = {
     val (semis, outers) = group.members.collect {
-      case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter ||
+      case StreamJoin(j) if j.joinType == LeftOuter ||
           j.joinType == RightOuter || j.joinType == LeftSemi => j
     }.partition(_.joinType == LeftSemi)
-    def nonPreservedOf(j: StreamingSymmetricHashJoinExec)
-        : Either[String, (StreamingSymmetricHashJoinExec, Int)] = {
+    def nonPreservedOf(j: StreamJoin): Either[String, (StreamJoin, Int)] = {
       val nonPreserved = if (j.joinType == RightOuter) j.left else j.right
       val input = group.inputs.indexWhere(_ eq nonPreserved)
       // A join tree there is cut off by the group's splitting: its output is then one stream input
@@ -571,7 +608,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * row failing the ON clause's conditions on the preserved side alone is put out so at once. Each
    * ON clause reads the group's inner inputs and its own stream.
    */
-  private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamingSymmetricHashJoinExec, Int)],
+  private def paddingOf(graph: JoinGraph, outerJoins: Seq[(StreamJoin, Int)],
       outputs: Seq[Seq[Attribute]],
       resolve: Expression => Expression): Either[String, Option[PaddingPlan]] =
     if (outerJoins.isEmpty) Right(None) else {
@@ -619,8 +656,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         else if (outerInputs.contains(starts.head))
           Left(s"the preserved side of its ${describe(j)}" +
             " is evicted by the event time of a stream another outer join pads with NULLs")
-        else Right((o, starts.head, due(j.eventTimeWatermarkForEviction),
-          due(j.eventTimeWatermarkForLateEvents)))
+        else Right((o, starts.head, due(j.evictionWatermark), due(j.lateEventsWatermark)))
       }
     }
     found.collectFirst { case Left(reason) => reason }.map(Left(_)).getOrElse {
@@ -634,7 +670,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * The state watermark (ms) of the outer join's preserved side under `watermark`: its rows at or
    * below it can match no later row.
    */
-  private def preservedStateWatermark(j: StreamingSymmetricHashJoinExec,
+  private def preservedStateWatermark(j: StreamJoin,
       watermark: Option[Long]): Option[Long] = {
     val (left, right) = StreamingSymmetricHashJoinHelper.getStateWatermark(j.left.output,
       j.right.output, j.leftKeys, j.rightKeys, j.condition.full, watermark, false)
@@ -648,7 +684,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * the `IS NULL` of a left anti join ([[StreamAntiJoins]]), is checked after the step decides
    * between a match and NULLs: it drops combinations and decides no match.)
    */
-  private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamingSymmetricHashJoinExec,
+  private def nonInnerJoinRefusal(graph: JoinGraph, join: StreamJoin,
       o: Int): Option[String] = {
     val keys = graph.classes.indices.filter(c => graph.classes(c).inputs.contains(o))
     if (graph.outer.get(o).exists(_ != keys))
@@ -692,10 +728,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * inputs.
    */
   private def sideLateFilters(group: MultiJoinGroup[SparkPlan],
-      stateful: Seq[StreamingSymmetricHashJoinExec], kinds: IndexedSeq[InputKind],
+      stateful: Seq[StreamJoin], kinds: IndexedSeq[InputKind],
       resolve: Expression => Expression): Either[String, Seq[SideLateFilter]] = {
-    val sides = stateful.flatMap(j => Seq((j, j.left, "left"), (j, j.right, "right")))
-    val found = sides.map { case (j, side, name) =>
+    val sides = stateful.zipWithIndex.flatMap { case (j, k) =>
+      // Spark's planned join by its operator id; a join it never planned by its place in the group.
+      val id = j.stateInfo.fold(s"join$k")(s => s"op${s.operatorId}")
+      Seq((j, j.left, s"${id}_left", "left"), (j, j.right, s"${id}_right", "right"))
+    }
+    val found = sides.map { case (j, side, filterName, name) =>
       val times = side.output.filter(_.metadata.contains(EventTimeWatermark.delayKey))
       if (times.map(_.exprId).distinct.size > 1)
         Left(s"the $name side of its ${describe(j)}" +
@@ -708,8 +748,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         case Some(time) =>
           val below = group.inputs.indices.filter(i => kinds(i) == InputKind.Stream &&
             side.exists(_ eq group.inputs(i)))
-          Right(Option.when(below.nonEmpty)(SideLateFilter(s"op${j.getStateInfo.operatorId}_$name",
-            below, time, j.eventTimeWatermarkForLateEvents)))
+          Right(Option.when(below.nonEmpty)(SideLateFilter(filterName, below, time,
+            j.lateEventsWatermark)))
         case None => Right(None)
       }
     }
@@ -737,7 +777,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan,
-      converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
+      converted: Seq[SparkPlan], conf: UMJoinConf,
+      inputWatermark: Option[Long] = None): SparkPlan = {
     val info = plan.stateInfo
     val partitions = info.numPartitions
     val layout = plan.layout
@@ -780,7 +821,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
     }
-    require(plan.watermarks.forall(w => layout.partitionClass(w.carrier).isDefined),
+    require(plan.watermarks.forall(w => w.chain.isEmpty || layout.partitionClass(w.carrier).isDefined),
       "the stream carrying the watermarks is partitioned")
     val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
@@ -803,8 +844,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       eventTimeWatermarkForEviction = plan.evictionWatermark,
       sliceBounds = plan.sliceBounds,
       outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
+      inputWatermarkForEviction = inputWatermark,
       children = children)
-    logInfo(s"UMJoin: ${group.members.count(_.isInstanceOf[StreamingSymmetricHashJoinExec])}" +
+    logInfo(s"UMJoin: ${group.members.count(StreamJoin.unapply(_).isDefined)}" +
       s" stream-stream joins become ${umjoin.simpleString(10)}")
     val joined =
       if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))

@@ -2,7 +2,7 @@ package umjoin.spark.core.tsc
 
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.plans.{Inner, JoinType, LeftOuter, LeftSemi, RightOuter}
-import org.apache.spark.sql.execution.{FilterExec, ProjectExec, SortExec, SparkPlan}
+import org.apache.spark.sql.execution.{FilterExec, PlanLater, ProjectExec, SortExec, SparkPlan}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.{BaseJoinExec, BroadcastHashJoinExec,
   ShuffledHashJoinExec, SortMergeJoinExec}
@@ -25,9 +25,8 @@ object PhysicalPatterns {
    * stream matched against.
    */
   def keptAsInput(output: SparkPlan, child: SparkPlan): Boolean = output match {
-    case j: StreamingSymmetricHashJoinExec if j.joinType == LeftOuter || j.joinType == LeftSemi =>
-      j.right eq child
-    case j: StreamingSymmetricHashJoinExec if j.joinType == RightOuter => j.left eq child
+    case StreamJoin(j) if j.joinType == LeftOuter || j.joinType == LeftSemi => j.right eq child
+    case StreamJoin(j) if j.joinType == RightOuter => j.left eq child
     case _ => false
   }
 
@@ -38,11 +37,13 @@ object PhysicalPatterns {
    * Whether a micro-batch plan reads a stream: Spark keeps the streaming flag on the logical plans
    * it planned from.
    */
-  def isStreaming(plan: SparkPlan): Boolean =
-    plan.logicalLink.map(_.isStreaming).getOrElse(plan.children.exists(isStreaming))
+  def isStreaming(plan: SparkPlan): Boolean = plan match {
+    case later: PlanLater => later.plan.isStreaming
+    case _ => plan.logicalLink.map(_.isStreaming).getOrElse(plan.children.exists(isStreaming))
+  }
 
   private def joinTypeOf(plan: SparkPlan): Option[JoinType] = plan match {
-    case j: StreamingSymmetricHashJoinExec => Some(j.joinType)
+    case StreamJoin(j) => Some(j.joinType)
     case j: BaseJoinExec => Some(j.joinType)
     case _ => None
   }
@@ -51,7 +52,7 @@ object PhysicalPatterns {
     planType = "physical",
     nodeKinds = Map(
       "StreamingSymmetricHashJoinExec" ->
-        NodeKind[SparkPlan](_.isInstanceOf[StreamingSymmetricHashJoinExec], isJoin = true),
+        NodeKind[SparkPlan](StreamJoin.unapply(_).isDefined, isJoin = true),
       "BroadcastHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[BroadcastHashJoinExec],
         isJoin = true),
       "ShuffledHashJoinExec" -> NodeKind[SparkPlan](_.isInstanceOf[ShuffledHashJoinExec],
@@ -72,6 +73,7 @@ object PhysicalPatterns {
       "stateful" -> MemberPatterns.flag[SparkPlan](Set("StreamingSymmetricHashJoinExec"),
         "Spark has not given it state") {
           case j: StreamingSymmetricHashJoinExec => j.stateInfo.isDefined
+          case _: StreamJoinMember => true
           case _ => false
         },
       "streamStatic" -> MemberPatterns.flag[SparkPlan](streamStaticJoins,
