@@ -15,8 +15,9 @@ import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUti
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, ProjectExec,
+import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, PlanLater, ProjectExec,
   SortExec, SparkPlan}
+import org.apache.spark.sql.execution.datasources.{HadoopFsRelation, LogicalRelation}
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, EnsureRequirements,
   ShuffleExchangeExec}
@@ -863,13 +864,23 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * What an input reads: its files' directory (a file source: a micro-batch reads a stream's files
    * by name, a static table by its directory), else its leaf's name.
    */
-  private def label(input: SparkPlan): String = input.collectLeaves().map {
-    case scan: FileSourceScanExec =>
-      val directory =
-        (p: Path) => if (PhysicalPatterns.isStreaming(scan)) Option(p.getParent).getOrElse(p) else p
-      scan.relation.location.rootPaths.headOption.map(p => directory(p).getName).getOrElse("files")
-    case leaf => leaf.nodeName
-  }.distinct.mkString("+")
+  private def label(input: SparkPlan): String = {
+    def files(paths: Seq[Path], streaming: Boolean): String = paths.headOption
+      .map(p => if (streaming) Option(p.getParent).getOrElse(p) else p).map(_.getName)
+      .getOrElse("files")
+    input.collectLeaves().flatMap {
+      case scan: FileSourceScanExec =>
+        Seq(files(scan.relation.location.rootPaths, PhysicalPatterns.isStreaming(scan)))
+      case later: PlanLater => later.plan.collectLeaves().map {
+        case r: LogicalRelation => r.relation match {
+          case fs: HadoopFsRelation => files(fs.location.rootPaths, r.isStreaming)
+          case _ => r.nodeName
+        }
+        case leaf => leaf.nodeName
+      }
+      case leaf => Seq(leaf.nodeName)
+    }.distinct.mkString("+")
+  }
 }
 
 object StreamingUMJoinRule {
