@@ -116,9 +116,12 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
           val (rs, rNow, rBefore) = standIn(right)
           val inNow = (lNow ++ rNow).minOption
           val inBefore = (lBefore ++ rBefore).minOption
+          // Spark's simulator gives every operator a global watermark of 0 (none yet) as it is.
+          def input(global: Long, propagated: Option[Long]): Some[Long] =
+            Some(if (global == 0) 0L else propagated.getOrElse(global))
           val member = StreamJoinMember(leftKeys, rightKeys, joinType,
-            JoinConditionSplitPredicates(other, ls, rs), Some(inBefore.getOrElse(before)),
-            Some(inNow.getOrElse(now)), ls, rs)
+            JoinConditionSplitPredicates(other, ls, rs), input(before, inBefore),
+            input(now, inNow), ls, rs)
           (member, inNow.flatMap(member.produceOutputWatermark),
             inBefore.flatMap(member.produceOutputWatermark))
         case p: Project =>
