@@ -9,7 +9,8 @@ import org.apache.spark.sql.catalyst.plans.logical.{EventTimeWatermark, Filter, 
   LogicalPlan, Project, ReturnAnswer, Statistics, SubqueryAlias, Union}
 import org.apache.spark.sql.execution.{FilterExec, PlanLater, ProjectExec, SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinHelper.JoinConditionSplitPredicates
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.
+  StreamingSymmetricHashJoinHelper.JoinConditionSplitPredicates
 import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution}
 import org.apache.spark.sql.execution.umjoin.ActiveQueries
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}

@@ -72,8 +72,8 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  *                    slices that range overlaps
  * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's
  *                    join tree (see [[umjoin.spark.streaming.JoinWatermarks]])
- * @param inputWatermarkForEviction the input watermark Spark's simulation gives this operator, where
- *                    the streaming planner knows it (the joins' own watermarks are below it)
+ * @param inputWatermarkForEviction the input watermark Spark's simulation gives this operator,
+ *                    where the streaming planner knows it (the joins' own watermarks are below it)
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
@@ -207,7 +207,8 @@ case class StreamingUMJoinExec(
    */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) &&
-      inputWatermarkForEviction.orElse(eventTimeWatermarkForEviction).exists(newInputWatermark > _)
+      inputWatermarkForEviction.orElse(eventTimeWatermarkForEviction)
+        .exists(newInputWatermark > _)
 
   /**
    * The memory and provider metrics of an input's index stores count as the operator's; their

@@ -124,19 +124,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
           session.sessionState.conf.numShufflePartitions))
       def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
         session.sparkContext, message)) logInfo(s"UMJoin: $message")
-      // Groups are tried several times while being split; an input's first micro-batch is measured
-      // once.
-      val measured =
-        new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
-      def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
-        def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
-        val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
-        FirstBatchStatistics.measure(missing).zip(missing).foreach {
-          case (figures, (input, keys)) =>
-            known(input)(keys) = figures
-        }
-        wanted.map { case (input, keys) => known(input)(keys) }
-      }
+      val measure = measuredOnce(identity)
       val mismatched = mutable.Map[Long, String]()
       val accepted =
         if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
@@ -171,6 +159,23 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
+   * The first micro-batch's figures of inputs (with the keys counted), each input measured once:
+   * groups are tried several times while being split. `runnable` is an input as it runs.
+   */
+  private def measuredOnce(runnable: SparkPlan => SparkPlan)
+      : Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]] = {
+    val measured =
+      new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
+    wanted => {
+      def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
+      val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
+      FirstBatchStatistics.measure(missing.map { case (input, keys) => (runnable(input), keys) })
+        .zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
+      wanted.map { case (input, keys) => known(input)(keys) }
+    }
+  }
+
+  /**
    * The streaming planner's groups ([[StreamingPlannerStrategy]]): `tree` is a micro-batch's plan
    * with its stream-stream joins as StreamJoinMembers over inputs still to be planned; each group
    * converted comes with its root, its inputs and how to build its StreamingUMJoin over them once
@@ -183,15 +188,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val conf = UMJoinConf.from(session.sessionState.conf)
     def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
       session.sparkContext, message)) logInfo(s"UMJoin: $message")
-    val measured =
-      new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
-    def measure(wanted: Seq[(SparkPlan, Seq[Expression])]): Seq[Option[MeasuredInput]] = {
-      def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
-      val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
-      FirstBatchStatistics.measure(missing.map { case (input, keys) => (runnable(input), keys) })
-        .zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
-      wanted.map { case (input, keys) => known(input)(keys) }
-    }
+    val measure = measuredOnce(runnable)
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
       g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
@@ -822,7 +819,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
     }
-    require(plan.watermarks.forall(w => w.chain.isEmpty || layout.partitionClass(w.carrier).isDefined),
+    require(plan.watermarks.forall(w =>
+      w.chain.isEmpty || layout.partitionClass(w.carrier).isDefined),
       "the stream carrying the watermarks is partitioned")
     val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
