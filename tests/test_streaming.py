@@ -734,6 +734,30 @@ def test_a_checkpoint_of_a_streaming_umjoin_restarted_without_umjoin_is_refused_
     assert "holds StreamingUMJoin state for operator" in str(failure.value)
 
 
+def test_a_join_umjoin_leaves_to_spark_keeps_sparks_operator_ids_so_its_checkpoint_restarts_without_umjoin(spark: SparkSession, tmp_path: Path) -> None:
+    """A stream-stream join of two streams stays Spark's (fewer inputs than spark.umjoin.minInputs): UMJoin takes
+    no operator id for it, so Spark's own restart check passes when the query goes on without UMJoin, every row once."""
+    keys = {name: [[1, 2], [1, 2]] for name in "xy"}
+    for name, batches in keys.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(k,) for k in batches[0]]])
+
+    def run() -> StreamingQuery:
+        frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT") for n in "xy"}
+        query = (star(frames, "xy").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return query
+
+    assert "StreamingUMJoin" not in executed_plan(run())
+    for name, batches in keys.items():
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(k,) for k in batches[1]]])
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        run()
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    every = {name: [k for batch in batches for k in batch] for name, batches in keys.items()}
+    assert rows == sorted((x, y) for x in every["x"] for y in every["y"] if x == y) and len(rows) == 8
+
+
 def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_goes_on_with_sparks_joins_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
     """Written with UMJoin off (or by a version that did not convert the join), the state is Spark's joins':
     with UMJoin on they go on as they ran, every row once, and the reason is reported."""

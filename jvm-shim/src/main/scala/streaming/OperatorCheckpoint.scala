@@ -11,6 +11,8 @@ import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadataV1,
+  OperatorStateMetadataV1Reader}
 
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.probe.{Route, StoreIndex}
@@ -173,6 +175,23 @@ object OperatorCheckpoint {
 
   def writtenBy(checkpoint: OperatorCheckpoint): WrittenBy =
     WrittenBy(checkpoint.hasSparkJoinState, checkpoint.hasUMJoinState)
+
+  /**
+   * The stateful operators Spark's metadata of a query's state (`stateLocation`, the checkpoint's
+   * `state` directory) names, by id: what Spark's own restart check compares a plan with.
+   */
+  def operatorsIn(stateLocation: String, hadoopConf: Configuration): Map[Long, String] = {
+    val state = new Path(stateLocation)
+    val fs = state.getFileSystem(hadoopConf)
+    if (!fs.exists(state)) Map.empty
+    else fs.listStatus(state).toSeq.filter(_.isDirectory)
+      .flatMap(d => d.getPath.getName.toLongOption.map(_ -> d.getPath))
+      .filter { case (_, path) => fs.exists(OperatorStateMetadataV1.metadataFilePath(path)) }
+      .flatMap { case (id, path) =>
+        new OperatorStateMetadataV1Reader(path, hadoopConf).read()
+          .map(id -> _.operatorInfo.operatorName)
+      }.toMap
+  }
 
   /**
    * The version of the state's layout this code writes; it reads this one and the ones before

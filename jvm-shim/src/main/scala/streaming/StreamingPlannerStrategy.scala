@@ -39,14 +39,37 @@ final case class PlannedStreamingGroup(physical: SparkPlan, output: Seq[Attribut
  */
 final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoinRule)
   extends SparkStrategy {
+  import StreamingPlannerStrategy._
 
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case planned: PlannedStreamingGroup => Seq(planned.physical)
-    case ReturnAnswer(root) if root.isStreaming && hasStreamJoin(root) && plannable(root) &&
-        UMJoinConf.from(session.sessionState.conf).enabled =>
-      currentExecution.flatMap(ie => planGroups(root, ie)).map(r => Seq(planLater(r)))
-        .getOrElse(Nil)
+    case ReturnAnswer(root) if root.isStreaming && hasStreamJoin(root) =>
+      currentExecution.flatMap { ie =>
+        val (firstBatch, operators) = startOf(ie)
+        val umjoinState = operators.collect { case (id, UMJoinName) => id }
+        if (!UMJoinConf.from(session.sessionState.conf).enabled) {
+          // Spark's own restart check would fail first, naming operators only.
+          umjoinState.minOption.foreach(id =>
+            throw StreamingUMJoinRule.umjoinStateUnread(ie.checkpointLocation, id))
+          None
+        } else if (!plannable(root)) None
+        // State that Spark's joins wrote (without UMJoin, or converted after Spark planned them,
+        // as the physical rule does): that rule continues it, or says why not.
+        else if (umjoinState.isEmpty && operators.values.exists(_ == SparkJoinName)) None
+        else planGroups(root, ie, ie.currentBatchId == firstBatch)
+      }.map(r => Seq(planLater(r))).getOrElse(Nil)
     case _ => Nil
+  }
+
+  /**
+   * The run's first micro-batch, and the stateful operators the checkpoint's metadata named then
+   * (read once per run).
+   */
+  private def startOf(ie: IncrementalExecution): (Long, Map[Long, String]) = {
+    val started = StreamingRegistry.run(ie.runId, session.sparkContext).started
+    started.compareAndSet(null, (ie.currentBatchId,
+      OperatorCheckpoint.operatorsIn(ie.checkpointLocation, session.sessionState.newHadoopConf())))
+    started.get
   }
 
   private def isStreamJoin(p: LogicalPlan): Boolean = p match {
@@ -88,7 +111,8 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
    * The plan with the groups of each join region (a tree of stream-stream joins and the projections
    * and filters between them) planned, or None when no group converts.
    */
-  private def planGroups(root: LogicalPlan, ie: IncrementalExecution): Option[LogicalPlan] = {
+  private def planGroups(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean)
+      : Option[LogicalPlan] = {
     def startsRegion(l: LogicalPlan): Boolean = l match {
       case j: Join => isStreamJoin(j)
       case p: Project => startsRegion(p.child)
@@ -97,13 +121,14 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
     }
     var converted = false
     def visit(l: LogicalPlan): LogicalPlan =
-      if (startsRegion(l)) planRegion(l, ie).map { r => converted = true; r }.getOrElse(l)
+      if (startsRegion(l)) planRegion(l, ie, firstOfRun).map { r => converted = true; r }.getOrElse(l)
       else l.mapChildren(visit)
     val rewritten = visit(root)
     Option.when(converted)(rewritten)
   }
 
-  private def planRegion(root: LogicalPlan, ie: IncrementalExecution): Option[LogicalPlan] = {
+  private def planRegion(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean)
+      : Option[LogicalPlan] = {
     val now = ie.offsetSeqMetadata.batchWatermarkMs
     val before = ie.prevOffsetSeqMetadata.map(_.batchWatermarkMs).getOrElse(0L)
     val logicalOf = new IdentityHashMap[SparkPlan, LogicalPlan]()
@@ -139,7 +164,8 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
       (node, wNow, wBefore)
     }
     val tree = standIn(root)._1
-    // One id per stream-stream join, in plan order, taken from the micro-batch's counter.
+    // One id per stream-stream join, in plan order, taken from the micro-batch's counter (and
+    // given back if no group converts: Spark's joins then get the ids they get without UMJoin).
     val joins = tree.collect { case j: StreamJoinMember => j }
     val ids = new IdentityHashMap[SparkPlan, StatefulOperatorStateInfo]()
     joins.foreach(j => ids.put(j, StreamingPlannerStrategy.nextStateInfo(ie)))
@@ -149,8 +175,12 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
     def runnable(input: SparkPlan): SparkPlan =
       input.transformUp { case later: PlanLater => ie.planner.plan(later.plan).next() }
     val marked = root.exists(_.isInstanceOf[EventTimeWatermark])
-    val groups = rule.plannedGroups(tree, operatorOf, ie.runId, runnable, Option.when(marked)(now))
-    if (groups.isEmpty) None
+    val groups = rule.plannedGroups(tree, operatorOf, joins.map(ids.get), firstOfRun, ie.runId,
+      runnable, Option.when(marked)(now))
+    if (groups.isEmpty) {
+      StreamingPlannerStrategy.giveBack(ie, joins.size)
+      None
+    }
     else {
       val byRoot = new IdentityHashMap[LogicalPlan, (Seq[SparkPlan] => SparkPlan, Seq[SparkPlan])]()
       groups.foreach { case (groupRoot, inputs, build) =>
@@ -177,4 +207,15 @@ object StreamingPlannerStrategy {
       "streaming$runtime$IncrementalExecution$$nextStatefulOperationStateInfo")
     method.invoke(ie).asInstanceOf[StatefulOperatorStateInfo]
   }
+
+  /** Gives the micro-batch's counter back the last `count` ids taken (none taken since). */
+  private def giveBack(ie: IncrementalExecution, count: Int): Unit = {
+    val field = classOf[IncrementalExecution].getDeclaredField("statefulOperatorId")
+    field.setAccessible(true)
+    field.get(ie).asInstanceOf[java.util.concurrent.atomic.AtomicInteger].addAndGet(-count)
+  }
+
+  private val UMJoinName = StreamingUMJoinExec.ShortName
+  /** Spark's stream-stream join's `shortName`, as its metadata names it. */
+  private val SparkJoinName = "symmetricHashJoin"
 }

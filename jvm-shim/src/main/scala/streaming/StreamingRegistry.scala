@@ -20,7 +20,7 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * load of each stored static table ([[StaticVersions]]), and what the last micro-batch counted of
  * rows placed by an earlier time slicing ([[SliceDrain]]) and of its time slices' costs
  * ([[SliceCosts]]), and whose state each join's checkpoint held when the run started
- * ([[OperatorCheckpoint.WrittenBy]]). When the query terminates (Spark's QueryTerminatedEvent,
+ * ([[OperatorCheckpoint.WrittenBy]], and the operators Spark's metadata named). When the query terminates (Spark's QueryTerminatedEvent,
  * heard on the driver), its routes, loads and this JVM's static caches go; its notes stay, for the
  * last [[KeptNotes]] runs, so that a stopped query can still be asked why.
  *
@@ -57,6 +57,9 @@ object StreamingRegistry {
      */
     private[streaming] val writtenBefore =
       new ConcurrentHashMap[Long, OperatorCheckpoint.WrittenBy]()
+    /** The run's first micro-batch and the stateful operators its checkpoint named then. */
+    private[streaming] val started =
+      new java.util.concurrent.atomic.AtomicReference[(Long, Map[Long, String])]()
   }
 
   /** Runs whose notes are kept after their query ended. */

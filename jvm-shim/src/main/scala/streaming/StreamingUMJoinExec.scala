@@ -99,7 +99,7 @@ case class StreamingUMJoinExec(
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
   override def nodeName: String = "StreamingUMJoin"
-  override def shortName: String = "umJoin"
+  override def shortName: String = StreamingUMJoinExec.ShortName
   override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
     InputState.storeName(j) +:
       layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
@@ -501,6 +501,9 @@ case class StreamingUMJoinExec(
 }
 
 object StreamingUMJoinExec {
+  /** The operator's name in progress reports and in Spark's metadata of the state. */
+  val ShortName = "umJoin"
+
 
   /**
    * What input j's rows are hash-partitioned by into `partitions` (None: broadcast): its key for

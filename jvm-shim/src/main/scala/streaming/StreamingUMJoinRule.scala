@@ -4,6 +4,7 @@ import java.util.IdentityHashMap
 
 import scala.collection.mutable
 
+import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
 import org.apache.spark.internal.Logging
@@ -179,10 +180,13 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
    * The streaming planner's groups ([[StreamingPlannerStrategy]]): `tree` is a micro-batch's plan
    * with its stream-stream joins as StreamJoinMembers over inputs still to be planned; each group
    * converted comes with its root, its inputs and how to build its StreamingUMJoin over them once
-   * planned. `operatorOf` gives a group its state (by its root).
+   * planned. `operatorOf` gives a group its state (by its root); `reserved` is the state of every
+   * join's operator id, which the groups' checkpoint is checked against on a run's first
+   * micro-batch (`firstOfRun`).
    */
   def plannedGroups(tree: SparkPlan,
       operatorOf: SparkPlan => Option[StatefulOperatorStateInfo],
+      reserved: Seq[StatefulOperatorStateInfo], firstOfRun: Boolean,
       runId: java.util.UUID, runnable: SparkPlan => SparkPlan, inputWatermark: Option[Long])
       : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
@@ -195,6 +199,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         conf.storeStaticTables, conf.timeSlices, operatorOf, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
+    if (firstOfRun) {
+      val hadoopConf = session.sessionState.newHadoopConf()
+      val converted = accepted.map(_._2.stateInfo.operatorId).toSet
+      reserved.filter(_.storeVersion > 0).sortBy(s => converted(s.operatorId)).foreach(s =>
+        checkOperatorState(s, converted(s.operatorId), mismatched, hadoopConf))
+    }
     accepted.map { case (group, p) =>
       (group.root, group.inputs,
         (inputs: Seq[SparkPlan]) => build(group, p, inputs, conf, inputWatermark))
@@ -213,43 +223,46 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     lazy val hadoopConf = session.sessionState.newHadoopConf()
     plan.foreach {
       case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
-        val info = join.getStateInfo
-        val checkpoint = new OperatorCheckpoint(info, hadoopConf)
-        val hasUMJoinState = checkpoint.hasUMJoinState
-        val isUMJoin = identities.exists(_ eq join)
-        if (isUMJoin && checkpoint.hasStoresWithoutLayout) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
-            s" holds StreamingUMJoin state for operator ${info.operatorId}" +
-            (" written by an earlier version of UMJoin, whose state layout this version cannot " +
-              "read. Use a new ") +
-            s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
-        }
-        if (isUMJoin && !hasUMJoinState && checkpoint.hasSparkJoinState) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
-            " holds Spark's stream-stream join state " + s"for operator ${info.operatorId}" +
-            ", written without UMJoin; UMJoin cannot continue it. Restart with " +
-            ("spark.umjoin.enabled=false, or use a new checkpoint location to run this query " +
-              "with UMJoin."))
-        }
-        if (isUMJoin && !hasUMJoinState) {
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
-            s" has no state for operator ${info.operatorId} " +
-            s"(no StreamingUMJoin layout record, ${checkpoint.layoutFile}" +
-            s", and no state of Spark's join), although micro-batch ${info.storeVersion}" +
-            (" continues a query that ran before: it was deleted or moved. Restore it, or use a " +
-              "new checkpoint location."))
-        }
-        if (!isUMJoin && hasUMJoinState) {
-          mismatched.get(info.operatorId)
-            .foreach(refusal => throw new IllegalStateException(refusal))
-          throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
-            s" holds StreamingUMJoin state for operator ${info.operatorId}" +
-            (", but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is " +
-              "false, or the ") +
-            ("join no longer converts). Restart with the settings the checkpoint was written " +
-              "with, or use a new checkpoint location."))
-        }
+        checkOperatorState(join.getStateInfo, identities.exists(_ eq join), mismatched,
+          hadoopConf)
       case _ =>
+    }
+  }
+
+  /**
+   * The check of [[checkCheckpoint]] for one operator's state: `isUMJoin`, whether a group this
+   * run converts holds it.
+   */
+  private def checkOperatorState(info: StatefulOperatorStateInfo, isUMJoin: Boolean,
+      mismatched: scala.collection.Map[Long, String], hadoopConf: Configuration): Unit = {
+    val checkpoint = new OperatorCheckpoint(info, hadoopConf)
+    val hasUMJoinState = checkpoint.hasUMJoinState
+    if (isUMJoin && checkpoint.hasStoresWithoutLayout) {
+      throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+        s" holds StreamingUMJoin state for operator ${info.operatorId}" +
+        (" written by an earlier version of UMJoin, whose state layout this version cannot " +
+          "read. Use a new ") +
+        s"checkpoint location, or finish the query with the UMJoin version that wrote it.")
+    }
+    if (isUMJoin && !hasUMJoinState && checkpoint.hasSparkJoinState) {
+      throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+        " holds Spark's stream-stream join state " + s"for operator ${info.operatorId}" +
+        ", written without UMJoin; UMJoin cannot continue it. Restart with " +
+        ("spark.umjoin.enabled=false, or use a new checkpoint location to run this query " +
+          "with UMJoin."))
+    }
+    if (isUMJoin && !hasUMJoinState) {
+      throw new IllegalStateException(s"The checkpoint ${info.checkpointLocation}" +
+        s" has no state for operator ${info.operatorId} " +
+        s"(no StreamingUMJoin layout record, ${checkpoint.layoutFile}" +
+        s", and no state of Spark's join), although micro-batch ${info.storeVersion}" +
+        (" continues a query that ran before: it was deleted or moved. Restore it, or use a " +
+          "new checkpoint location."))
+    }
+    if (!isUMJoin && hasUMJoinState) {
+      mismatched.get(info.operatorId)
+        .foreach(refusal => throw new IllegalStateException(refusal))
+      throw StreamingUMJoinRule.umjoinStateUnread(info.checkpointLocation, info.operatorId)
     }
   }
 
@@ -886,4 +899,13 @@ object StreamingUMJoinRule {
     "as Spark planned them, adaptively: no join of a stream with at least spark.umjoin.minInputs " +
     "inputs reads a table UMJoin would store (one read from files, too large to broadcast, with " +
     "spark.umjoin.staticTables=store), so its micro-batches are planned as without UMJoin"
+
+  /** A StreamingUMJoin's state that this run would not read: the error, with the fix. */
+  def umjoinStateUnread(checkpointLocation: String, operatorId: Long): IllegalStateException =
+    new IllegalStateException(s"The checkpoint $checkpointLocation" +
+      s" holds StreamingUMJoin state for operator $operatorId" +
+      (", but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is " +
+        "false, or the ") +
+      ("join no longer converts). Restart with the settings the checkpoint was written " +
+        "with, or use a new checkpoint location."))
 }
