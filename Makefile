@@ -16,7 +16,7 @@ BENCH_MEMORY_SF ?= 1
 BENCH_ENRICHMENT_SF ?= 0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-enrichment bench-static bench-psp bench-probe-order clean
+.PHONY: venv build testkit readme-settings browser test report demo bench bench-memory bench-streaming bench-enrichment bench-static bench-psp bench-probe-order bench-planning clean
 
 venv: $(INSTALLED)
 
@@ -95,6 +95,12 @@ bench-probe-order: build testkit
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench probe-order --sf 1 --backend memory --out bench/results
 	$(PY) -m bench probe-order --sf 0.3 --backend rocksdb --out bench/results
+
+# Planning per micro-batch (durationMs.queryPlanning) and latency: chains of 3 and 6 streams, UMJoin against
+# Spark's stream-stream joins with the default store and with RocksDB and join state format 4.
+bench-planning: build
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m bench planning --out bench/results
 
 clean:
 	rm -rf build $(JAR)

@@ -1,4 +1,4 @@
-"""`python -m bench tpch|memory|streaming|static|psp|probe-order`: the benchmarks (run from the repository's root)."""
+"""`python -m bench tpch|memory|streaming|static|psp|probe-order|planning`: the benchmarks (run from the repository's root)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     order.add_argument("--histories", type=whole_numbers, default=[1, 5, 20, 100], help="L values swept")
     order.add_argument("--repetitions", type=whole_number, default=1, help="replays per cell; the median is reported (default 1)")
     order.add_argument("--out", type=Path, default=RESULTS, help="output directory")
+    planning = commands.add_parser("planning", help="planning per micro-batch: a 3-stream INNER and a 6-stream LEFT chain, "
+                                   "UMJoin against Spark's stream-stream joins (default store; RocksDB with join state format 4)")
+    planning.add_argument("--batches", type=whole_number, default=12, help="micro-batches of 50 rows per stream (default 12)")
+    planning.add_argument("--repetitions", type=whole_number, default=3, help="runs per chain and setting, alternating (default 3)")
+    planning.add_argument("--out", type=Path, default=RESULTS, help="output directory")
     return parser
 
 
@@ -94,7 +99,7 @@ def _setting(text: str) -> tuple[str, str]:
 
 def _run(args: argparse.Namespace) -> None:
     check_extra(args.command, "bench")
-    if args.data_dir is not None:
+    if getattr(args, "data_dir", None) is not None:  # (benchmarks that read no TPC data have none)
         os.environ[DATA_DIR_ENV] = str(args.data_dir.resolve())  # also for the benchmarks' worker processes
     from umjoin.local import local_builder
 
@@ -112,6 +117,10 @@ def _run(args: argparse.Namespace) -> None:
 
         run_psp_bench(args.out, args.rows, args.per_second, args.batches, args.dim)
         run_pair_bench(args.out, args.batches, args.dim)
+    elif args.command == "planning":
+        from bench.planning import run_planning_bench
+
+        run_planning_bench(args.out, args.batches, args.repetitions)
     elif args.command == "probe-order":
         from bench.probe_order import run_probe_order_bench
 

@@ -121,8 +121,9 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
     }
     var converted = false
     def visit(l: LogicalPlan): LogicalPlan =
-      if (startsRegion(l)) planRegion(l, ie, firstOfRun).map { r => converted = true; r }.getOrElse(l)
-      else l.mapChildren(visit)
+      if (startsRegion(l)) {
+        planRegion(l, ie, firstOfRun).map { r => converted = true; r }.getOrElse(l)
+      } else l.mapChildren(visit)
     val rewritten = visit(root)
     Option.when(converted)(rewritten)
   }

@@ -20,9 +20,10 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * load of each stored static table ([[StaticVersions]]), and what the last micro-batch counted of
  * rows placed by an earlier time slicing ([[SliceDrain]]) and of its time slices' costs
  * ([[SliceCosts]]), and whose state each join's checkpoint held when the run started
- * ([[OperatorCheckpoint.WrittenBy]], and the operators Spark's metadata named). When the query terminates (Spark's QueryTerminatedEvent,
- * heard on the driver), its routes, loads and this JVM's static caches go; its notes stay, for the
- * last [[KeptNotes]] runs, so that a stopped query can still be asked why.
+ * ([[OperatorCheckpoint.WrittenBy]], and the operators Spark's metadata named). When the query
+ * terminates (Spark's QueryTerminatedEvent, heard on the driver), its routes, loads and this JVM's
+ * static caches go; its notes stay, for the last [[KeptNotes]] runs, so that a stopped query can
+ * still be asked why.
  *
  * In every JVM that runs tasks: what it caches of stored static tables ([[StaticCaches]], per run,
  * operator, partition and input; an executor never hears of queries ending, so its caches also go

@@ -1,0 +1,142 @@
+"""`python -m bench planning`: what planning a micro-batch costs, UMJoin against Spark's chained stream-stream joins.
+Not a test: it prints and writes what it measured.
+
+Two chains of JSON file streams (each stream a key, an event time and a value; 50 rows per stream and micro-batch,
+10-minute watermarks, each stream within 20 minutes of the first on the key): three streams joined INNER, six joined
+LEFT OUTER. Runs, each in a JVM of its own (local[2], 4 shuffle partitions, a noop sink with the output's fingerprint
+observed, bench/outputs.py), alternating the settings within each repetition: Spark's joins with Spark's default state
+store, Spark's joins at their best (RocksDB, join state format 4), UMJoin with the default store and with RocksDB. Per
+run, the medians over its micro-batches (the first two left out: the JVM warms up) of `durationMs.queryPlanning` and of
+`durationMs.triggerExecution` (the micro-batch's latency), the state operators the progress lists and whether the
+executed plan holds a StreamingSymmetricHashJoinExec; per setting, the min/median/max of those medians over the
+repetitions.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import outputs, reported_on_fresh_checkpoint
+
+ROWS_PER_BATCH = 50
+#: The micro-batches' first ones, left out of the medians.
+WARM_UP = 2
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: (chain, streams, join type).
+CHAINS = [("3 streams, INNER", 3, "inner"), ("6 streams, LEFT", 6, "left")]
+#: (run, UMJoin on, state store provider or None for Spark's default, join state format or None for Spark's default).
+SETTINGS = [
+    ("Spark's joins", False, None, None),
+    ("Spark's joins, RocksDB, format 4", False, ROCKSDB_PROVIDER, "4"),
+    ("UMJoin", True, None, None),
+    ("UMJoin, RocksDB", True, ROCKSDB_PROVIDER, None),
+]
+
+
+def write_streams(directory: Path, streams: int, batches: int, seed: int = 1) -> None:
+    """One JSON file per stream and micro-batch, event times advancing a minute per micro-batch."""
+    rng = random.Random(seed)
+    for s in range(streams):
+        (directory / f"s{s}").mkdir(parents=True)
+        for b in range(batches):
+            rows = ({"k": rng.randrange(200), "ts": 1_700_000_000 + b * 60 + rng.randrange(60), "v": rng.randrange(1000)}
+                    for _ in range(ROWS_PER_BATCH))
+            (directory / f"s{s}" / f"{b:03d}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run in this process's JVM."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    from umjoin.local import local_builder
+
+    builder = local_builder("umjoin-bench-planning", shuffle_partitions=4).config("spark.umjoin.enabled", str(spec["umjoin"]).lower())
+    if spec["provider"]:
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", spec["provider"])
+    if spec["format"]:
+        builder = builder.config("spark.sql.streaming.join.stateFormatVersion", spec["format"])
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def stream(s: int) -> DataFrame:
+        rows = (spark.readStream.schema("k INT, ts LONG, v INT").option("maxFilesPerTrigger", 1)
+                .json(str(Path(spec["streams"]) / f"s{s}")))
+        return (rows.select(F.col("k").alias(f"k{s}"), F.timestamp_seconds("ts").alias(f"t{s}"), F.col("v").alias(f"v{s}"))
+                .withWatermark(f"t{s}", "10 minutes"))
+
+    joined = stream(0)
+    for s in range(1, spec["streams_count"]):
+        within = F.expr(f"k0 = k{s} AND t{s} BETWEEN t0 - INTERVAL 20 MINUTES AND t0 + INTERVAL 20 MINUTES")
+        # The joined stream's event time off its watermark: Spark's join refuses two (MULTIPLE_EVENT_TIME_COLUMNS).
+        joined = joined.join(stream(s), within, spec["how"]).withMetadata(f"t{s}", {})
+    query = (outputs.observed(joined).writeStream.format("noop").option("checkpointLocation", spec["checkpoint"])
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    progress = query.recentProgress
+    measured = progress[WARM_UP:]
+    plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()  # type: ignore[attr-defined]
+    return {"batches": len(progress), "planning_ms": statistics.median(p["durationMs"].get("queryPlanning", 0) for p in measured),
+            "latency_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in measured),
+            "state_operators": [op["operatorName"] for op in progress[-1]["stateOperators"]],
+            "sparks_join_planned": "StreamingSymmetricHashJoin" in plan, "output": outputs.observed_output(progress)}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
+
+
+def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
+    """Runs every setting on both chains, `repetitions` times alternating; writes planning.md and planning.json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="umjoin-bench-planning-") as scratch:
+        for chain, streams, how in CHAINS:
+            directory = Path(scratch) / f"streams{streams}"
+            write_streams(directory, streams, batches)
+            for repetition in range(repetitions):
+                for name, umjoin, provider, state_format in SETTINGS:
+                    spec = {"streams": str(directory), "streams_count": streams, "how": how, "umjoin": umjoin, "provider": provider,
+                            "format": state_format, "checkpoint": str(Path(scratch) / "checkpoint")}
+                    reported = reported_on_fresh_checkpoint("bench.planning", spec)
+                    if "ended" in reported:
+                        raise RuntimeError(f"bench planning run {chain} / {name} failed: {reported['ended']}")
+                    print(f"{chain:>17} {name:>33} #{repetition + 1}: planning {reported['planning_ms']:.0f} ms, micro-batch "
+                          f"{reported['latency_ms']:.0f} ms, state operators {reported['state_operators']}, output "
+                          f"{outputs.shown(reported['output'])}", flush=True)
+                    results.append({"chain": chain, "run": name, "repetition": repetition + 1, **reported})
+    (out / "planning.json").write_text(json.dumps({"batches": batches, "repetitions": repetitions, "rows_per_batch": ROWS_PER_BATCH,
+                                                   "results": results}, indent=1) + "\n")
+    lines = ["# Planning a micro-batch: UMJoin against Spark's chained stream-stream joins", "",
+             f"`python -m bench planning --batches {batches} --repetitions {repetitions}`: {__doc__.split(chr(10), 2)[2].strip()}", "",
+             "Figures in ms, min / median / max over the repetitions of each run's median; ratios of medians against Spark's joins "
+             "(default store).", "",
+             "| chain | run | queryPlanning | / Spark's | micro-batch | / Spark's | state operators | Spark's join planned |",
+             "|---|---|---|---|---|---|---|---|"]
+    for chain, _, _ in CHAINS:
+        of_chain = [r for r in results if r["chain"] == chain]
+        base = [r for r in of_chain if r["run"] == SETTINGS[0][0]]
+        base_planning = statistics.median(r["planning_ms"] for r in base)
+        base_latency = statistics.median(r["latency_ms"] for r in base)
+        for name, *_ in SETTINGS:
+            runs = [r for r in of_chain if r["run"] == name]
+            planning = [r["planning_ms"] for r in runs]
+            latency = [r["latency_ms"] for r in runs]
+            lines.append(f"| {chain} | {name} | {_spread(planning)} | {statistics.median(planning) / base_planning:.2f} | "
+                         f"{_spread(latency)} | {statistics.median(latency) / base_latency:.2f} | "
+                         f"{', '.join(runs[-1]['state_operators'])} | {'yes' if runs[-1]['sparks_join_planned'] else 'no'} |")
+    equal = all(outputs.equal(r["output"], next(b for b in results if b["chain"] == r["chain"])["output"]) for r in results)
+    lines += ["", f"Outputs equal within each chain in every run: {'yes' if equal else 'NO'} ({outputs.COMPARED})."]
+    (out / "planning.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out / "planning.md"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_worker(json.loads(sys.argv[1]))))
