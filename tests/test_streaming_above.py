@@ -52,7 +52,8 @@ def test_an_aggregation_above_a_time_sliced_band_join_puts_out_each_window_in_sp
         spark: SparkSession, tmp_path: Path) -> None:
     """The band join of three streams without an equality (its state time-sliced); Spark runs it given an equality
     that always holds. The aggregation counts by c's event time, whose watermark the top join puts out (2-minute
-    windows: the rows span 30 minutes, and the joins' output watermark is 20 minutes behind their input's)."""
+    windows: the rows span 30 minutes, and the joins' output watermark trails them by the 10-minute delay and
+    the joins' time ranges)."""
     rng = random.Random(3)
     streams = windows.in_batches(windows.random_rows(rng, users_data=True), rng)
     for name, batches in streams.items():
