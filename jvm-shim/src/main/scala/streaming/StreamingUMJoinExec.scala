@@ -504,7 +504,6 @@ object StreamingUMJoinExec {
   /** The operator's name in progress reports and in Spark's metadata of the state. */
   val ShortName = "umJoin"
 
-
   /**
    * What input j's rows are hash-partitioned by into `partitions` (None: broadcast): its key for
    * the class it is partitioned on, or, for a store spread by time slice, its event time's slice's
