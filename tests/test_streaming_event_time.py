@@ -7,8 +7,8 @@ micro-batches, holding users' data on every side of every join type (stream_data
 key NULL, no row, duplicates, empty micro-batches, late rows, rows exactly at the watermark, which
 each case checks against Spark's progress; the coverage test asserts each per join type and side).
 Every case must give the rows Spark's joins give (UMJoin off) in the same micro-batches, and either
-run as one StreamingUMJoin or stay as Spark planned it with the expected reason. ``--event-time-seeds N`` runs N cases instead
-of the default.
+run as one StreamingUMJoin or stay as Spark planned it with the expected reason. The suite runs the seeds of
+``EVENT_TIME_SEEDS``; ``--event-time-seeds N`` runs seeds 0 to N-1 instead.
 
 The end-of-run state rows with UMJoin on and off are written per case to
 ``build/event-time-state.tsv`` (what the closing notes of this work report).
@@ -43,9 +43,20 @@ BASE = datetime.datetime(2026, 5, 1)
 STATE_REPORT = Path(__file__).resolve().parents[1] / "build" / "event-time-state.tsv"
 
 
+#: The fewest cases that meet every assertion of `test_the_generator_covers_what_the_suite_promises` at the least cost
+#: (streams x micro-batches), found by a greedy search over seeds 0-119: 208 such units where seeds 0-14 took 276.
+EVENT_TIME_SEEDS = (0, 1, 2, 3, 7, 8, 9, 10, 14, 29, 38, 100)
+
+
+def event_time_seeds(config: pytest.Config) -> tuple[int, ...]:
+    """The seeds this run compares: ``--event-time-seeds N`` (seeds 0 to N-1), else EVENT_TIME_SEEDS."""
+    wider = config.getoption("--event-time-seeds")
+    return tuple(range(int(wider))) if wider is not None else EVENT_TIME_SEEDS
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "event_time_seed" in metafunc.fixturenames:
-        metafunc.parametrize("event_time_seed", range(int(metafunc.config.getoption("--event-time-seeds"))))
+        metafunc.parametrize("event_time_seed", event_time_seeds(metafunc.config))
 
 
 @dataclass
@@ -318,7 +329,7 @@ def test_random_event_time_joins_give_sparks_rows_micro_batch_by_micro_batch(
 def test_the_generator_covers_what_the_suite_promises(spark: SparkSession, tmp_path: Path, pytestconfig: pytest.Config) -> None:
     """Over the cases this run compares (``--event-time-seeds``)."""
     shapes: Counter[str] = Counter()
-    cases = [random_case(seed) for seed in range(int(pytestconfig.getoption("--event-time-seeds")))]
+    cases = [random_case(seed) for seed in event_time_seeds(pytestconfig)]
     for case in cases:
         for name, batches in case.batches.items():
             write_batches(tmp_path / str(case.seed) / name, columns(name), batches[:1])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from conftest import GOLDEN, TPCH_SF
+from conftest import GOLDEN, TPCH_SF, UMJOIN_TPCH_QUERIES
 from umjoin.local import temporary_conf
 from umjoin import answers, plans, tpch
 
@@ -35,8 +35,12 @@ def umjoin_groups(spark: SparkSession, number: int) -> list[list[str]]:
         return [node.labels for node in plans.umjoin_nodes(plans.physical_plan(df))]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("number", QUERIES)
+#: Every query in Spark's default setting (AQE on); in the others, the queries with a UMJoin. The rest are Spark's own
+#: plans in every setting (test_queries_without_a_umjoin_get_none_in_any_setting), whose answers the first setting checks.
+ANSWERED = [(number, config) for config in CONFIGS for number in QUERIES if config == "aqe-on" or number in UMJOIN_TPCH_QUERIES]
+
+
+@pytest.mark.parametrize(("number", "config"), ANSWERED)
 def test_official_answer_with_umjoin(spark: SparkSession, tpch_data: Path, number: int, config: str) -> None:
     columns, expected = tpch.official_answer(number, TPCH_SF)
     sql = tpch.query_text(number)
@@ -44,6 +48,15 @@ def test_official_answer_with_umjoin(spark: SparkSession, tpch_data: Path, numbe
         rows = [tuple(r) for r in spark.sql(sql).collect()]
     problems = answers.compare(rows, expected, answers.order_by_columns(sql, columns))
     assert problems == [], f"Q{number} ({config}) differs from the official answer: {problems}"
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_queries_without_a_umjoin_get_none_in_any_setting(spark: SparkSession, tpch_data: Path, config: str) -> None:
+    without = [n for n in QUERIES if n not in UMJOIN_TPCH_QUERIES]
+    assert without, "every TPC-H query has a UMJoin: the official answers in every setting cover them all"
+    with temporary_conf(spark, {**CONFIGS[config], "spark.umjoin.enabled": "true"}):
+        converted = [n for n in without if plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
+    assert converted == [], f"{config}: these queries now have a UMJoin; run their answers in every setting (ANSWERED)"
 
 
 def test_umjoin_groups_match_golden_file(spark: SparkSession, tpch_data: Path) -> None:
