@@ -9,6 +9,7 @@ Turn it on for a session with :func:`configure`::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -45,6 +46,10 @@ def configure(builder: SparkSession.Builder, **settings: str) -> SparkSession.Bu
     ``configure(builder, minInputs="4")``.
     """
     options = builder._options  # the settings given to this builder so far
+    if options.get("spark.remote") or os.environ.get("SPARK_REMOTE"):
+        from umjoin.connect import SERVER_HINT  # (here: umjoin.connect imports this module)
+
+        raise ValueError(f"umjoin.configure sets up the driver of a classic session, and a Spark Connect client's is the server: {SERVER_HINT}")
     builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
     builder.config("spark.sql.extensions", _append(options.get("spark.sql.extensions"), EXTENSION_CLASS))
     builder.config("spark.sql.extendedExplainProviders", _append(options.get("spark.sql.extendedExplainProviders"), EXPLAIN_CLASS))

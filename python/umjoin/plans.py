@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from umjoin import connect
 from umjoin.local import temporary_conf
 
 __all__ = [
@@ -106,7 +107,10 @@ def _inspection(df: DataFrame) -> Any:
 
 
 def physical_plan(df: DataFrame) -> PlanNode:
-    """The executed physical plan; under AQE the current plan (the final one once ``df`` ran)."""
+    """The executed physical plan; under AQE the current plan (the final one once ``df`` ran). On a Spark
+    Connect session, the plan the server plans for ``df`` (under AQE its initial plan)."""
+    if connect.is_connect(df):
+        return _tree(connect.description(df)["plan"])
     return _tree(json.loads(_inspection(df).describe(df._jdf.queryExecution().executedPlan())))
 
 
@@ -114,6 +118,8 @@ def unconverted_streaming_joins(spark: SparkSession, query: StreamingQuery) -> l
     """Why joins of a running (or finished) streaming query of ``spark`` stayed as Spark planned
     them, one message per join group or join, as logged once per query run at INFO (logger
     ``umjoin.spark``)."""
+    connect.classic_only(spark, "umjoin.plans.unconverted_streaming_joins",
+                         "the server logs each reason once per query run at INFO (logger umjoin.spark)")
     inspection = spark._jvm.umjoin.spark.PlanInspection
     return list(json.loads(inspection.unconvertedStreamingJoins(str(query.runId))))
 
@@ -121,11 +127,18 @@ def unconverted_streaming_joins(spark: SparkSession, query: StreamingQuery) -> l
 def why_not(df: DataFrame) -> list[str]:
     """Why each join of batch DataFrame ``df`` that stays as Spark plans it is not part of a UMJoin:
     one sentence per join, naming it (type, tables, condition) and the reason, as logged once per
-    query at INFO (logger ``umjoin.spark``). Plans ``df`` if it was not planned yet."""
-    return [f"{join}: {reason}" for join, reason in json.loads(_inspection(df).whyNot(df._jdf.queryExecution()))]
+    query at INFO (logger ``umjoin.spark``). Plans ``df`` if it was not planned yet (on a Spark Connect
+    session, the server plans it)."""
+    if connect.is_connect(df):
+        reasons = connect.description(df)["whyNot"]
+    else:
+        reasons = json.loads(_inspection(df).whyNot(df._jdf.queryExecution()))
+    return [f"{join}: {reason}" for join, reason in reasons]
 
 
 def _logical(df: DataFrame, stage: str) -> Any:
+    connect.classic_only(df, "umjoin.plans' logical plans and TSC groups",
+                         "on Spark Connect use physical_plan(df) and why_not(df), or df.explain('extended')")
     execution = df._jdf.queryExecution()
     stages = {"optimized": execution.optimizedPlan, "analyzed": execution.analyzed}
     if stage not in stages:
@@ -135,7 +148,8 @@ def _logical(df: DataFrame, stage: str) -> Any:
 
 def logical_plan(df: DataFrame, stage: str = "optimized") -> PlanNode:
     """A logical plan: ``optimized`` (what TSC runs on in batch) or ``analyzed`` (as written)."""
-    return _tree(json.loads(_inspection(df).describe(_logical(df, stage))))
+    plan = _logical(df, stage)
+    return _tree(json.loads(_inspection(df).describe(plan)))
 
 
 def tsc_groups(df: DataFrame, stage: str = "optimized") -> tuple[list[dict[str, Any]], PlanNode]:
@@ -144,7 +158,8 @@ def tsc_groups(df: DataFrame, stage: str = "optimized") -> tuple[list[dict[str, 
     ``stage`` is ``optimized`` (what the batch hook sees) or ``analyzed`` (the plan as written,
     before Spark reorders joins or pushes filters: for hand-built plans).
     """
-    result = json.loads(_inspection(df).twoStepConvert(_logical(df, stage)))
+    plan = _logical(df, stage)
+    result = json.loads(_inspection(df).twoStepConvert(plan))
     return result["groups"], _tree(result["converted"])
 
 
@@ -255,6 +270,8 @@ def compare(spark: SparkSession, query: str | DataFrame, execute: bool = True) -
     With ``execute`` the query runs (its rows are counted, not collected), so under AQE the
     physical plans are the final ones.
     """
+    connect.classic_only(spark, "umjoin.plans.compare", "compare physical_plan(df) with spark.umjoin.enabled "
+                         "set to false and to true, or run `umjoin plan-diff` where the data is")
     analyzed = (spark.sql(query) if isinstance(query, str) else query)._jdf.queryExecution().analyzed()
     planned = {}
     for enabled in ("false", "true"):

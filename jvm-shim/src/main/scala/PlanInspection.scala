@@ -28,7 +28,7 @@ object PlanInspection {
    */
   def describe[T <: TreeNode[T]](plan: T): String = compact(render(description(plan)))
 
-  private def description[T <: TreeNode[T]](plan: T): JValue = {
+  private[spark] def description[T <: TreeNode[T]](plan: T): JValue = {
     val nodes, text, metrics, subqueries = scala.collection.mutable.ArrayBuffer[JValue]()
     def visit(node: TreeNode[_]): Unit = {
       val shown = seeThrough(node)
@@ -71,10 +71,12 @@ object PlanInspection {
    * [[BatchUMJoinStrategy.whyNot]]).
    */
   def whyNot(execution: QueryExecution): String =
-    compact(render(JArray(BatchUMJoinStrategy.whyNot(execution.executedPlan).map {
-      case (_, join, reason) =>
-        JArray(List(JString(join), JString(reason)))
-    }.toList)))
+    compact(render(whyNotEntries(execution.executedPlan)))
+
+  private[spark] def whyNotEntries(plan: SparkPlan): JArray =
+    JArray(BatchUMJoinStrategy.whyNot(plan).map { case (_, join, reason) =>
+      JArray(List(JString(join), JString(reason)))
+    }.toList)
 
   /**
    * Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a
