@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JAR := python/umjoin/jars/umjoin-spark.jar
-SCALA_SOURCES := $(shell find jvm-shim/src/main/scala -name '*.scala')
+SCALA_SOURCES := $(shell find jvm-shim/src/main/scala -name '*.scala') $(shell find jvm-shim/src/main/resources -type f)
 # The tests' and benchmarks' own JVM classes (cost models asked directly, the arrival replay); never installed.
 TESTKIT := build/umjoin-spark-testkit.jar
 TESTKIT_SOURCES := $(shell find jvm-shim/src/test/scala -name '*.scala')

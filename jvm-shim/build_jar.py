@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCALA_SOURCES = ROOT / "jvm-shim" / "src" / "main" / "scala"
 TESTKIT_SOURCES = ROOT / "jvm-shim" / "src" / "test" / "scala"
 RULES = ROOT / "rules"
+RESOURCES = ROOT / "jvm-shim" / "src" / "main" / "resources"
 COMPILER_JARS = ("scala-compiler", "scala-library", "scala-reflect")
 
 
@@ -92,6 +93,10 @@ def build_jar(output: Path, testkit_of: Path | None = None) -> Path:
             # The member patterns travel inside the jar: the built-in rules are the ones it was built with.
             for rules in sorted(RULES.glob("*.yaml")) if testkit_of is None else ():
                 jar.write(rules, f"umjoin/rules/{rules.name}")
+            # Service registrations (the umjoin-state data source's short name).
+            for resource in sorted(RESOURCES.rglob("*")) if testkit_of is None else ():
+                if resource.is_file():
+                    jar.write(resource, resource.relative_to(RESOURCES).as_posix())
         partial.replace(output)
     return output
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -11,6 +13,11 @@ from pyspark.sql import SparkSession
 
 from umjoin import tpch
 from umjoin.local import local_builder
+
+#: Python workers run the interpreter the tests run, as in an activated virtualenv. Spark's default, `python3` on
+#: PATH, is the system's Python when the suite runs as `.venv/bin/python -m pytest`: without pandas and pyarrow,
+#: which the virtualenv has (Spark Connect's client needs them), and with which pyspark plans Arrow-optimized UDFs.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 TPCH_SF = 0.01
 #: Each TPC-H query's UMJoin groups under default settings (AQE off), checked by test_tpch.

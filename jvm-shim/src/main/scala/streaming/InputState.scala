@@ -14,7 +14,7 @@ import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoder
   ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
 import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
 import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
+import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
 
 import umjoin.spark.core.GeneratedCode
 import umjoin.spark.core.probe.StoreIndex
@@ -39,9 +39,7 @@ import umjoin.spark.core.store.JoinStore
  */
 final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int,
     partitionKey: Expression, indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
-  def primaryKeySchema: StructType = StructType(Seq(
-    StructField("key", partitionKey.dataType), StructField("sequence", LongType, nullable = false),
-    StructField("storedAtMs", LongType, nullable = false)))
+  def primaryKeySchema: StructType = InputStateSpec.rowKeySchema(partitionKey.dataType)
   def indexKeySchema(keys: Seq[Expression]): StructType =
     StructType(keys.zipWithIndex.map { case (k, i) =>
       StructField(if (i == 0) "key" else s"key$i", k.dataType)
@@ -61,6 +59,13 @@ final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionCla
   def indexStores: Seq[StoreSchema] = indexes.zipWithIndex.map { case ((_, keys), position) =>
     StoreSchema(InputState.indexStoreName(name, position), indexKeySchema(keys), indexValueSchema)
   }
+}
+
+object InputStateSpec {
+  /** The key of an input's rows' store: its partitioning key's value, a sequence number, a time. */
+  def rowKeySchema(partitionKeyType: DataType): StructType = StructType(Seq(
+    StructField("key", partitionKeyType), StructField("sequence", LongType, nullable = false),
+    StructField("storedAtMs", LongType, nullable = false)))
 }
 
 /**
