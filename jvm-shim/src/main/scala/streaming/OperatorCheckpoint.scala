@@ -6,7 +6,7 @@ import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.Path
+import org.apache.hadoop.fs.{FileSystem, Path}
 
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
@@ -139,10 +139,7 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
       case _ => IndexedSeq.empty
     }
 
-  private def textOf(path: Path): String = {
-    val in = fs.open(path)
-    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
-  }
+  private def textOf(path: Path): String = OperatorCheckpoint.textOf(fs, path)
 
   private def write(path: Path, text: String): Unit = {
     val files = CheckpointFileManager.create(path.getParent, hadoopConf)
@@ -166,6 +163,12 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 }
 
 object OperatorCheckpoint {
+
+  /** A checkpoint file's text (the stream closed after reading). */
+  private[streaming] def textOf(fs: FileSystem, path: Path): String = {
+    val in = fs.open(path)
+    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+  }
 
   /**
    * Whose state an operator's checkpoint holds: Spark's stream-stream join's, a StreamingUMJoin's

@@ -97,7 +97,7 @@ object StoredInput {
       fail(s"operator $operatorId of $checkpoint has no layout record ($layoutFile): its " +
         "state was written by a UMJoin version this one cannot read")
     }
-    val inputs = parse(new String(fs.open(layoutFile).readAllBytes(), "UTF-8")) \ "inputs" match {
+    val inputs = parse(OperatorCheckpoint.textOf(fs, layoutFile)) \ "inputs" match {
       case JArray(items) => items
       case _ => fail(s"$layoutFile lists no inputs")
     }
