@@ -84,7 +84,8 @@ bench-psp: build testkit
 	$(PY) -m bench psp --out bench/results
 
 # Paper 003's setting: orders as a stream joined with customer and nation as static tables, Zipf skew
-# 0, 0.5, 1; Spark's stream-static join against UMJoin's stored customer with each cache mode.
+# 0, 0.5, 1; Spark's stream-static join against UMJoin by default (which leaves it to Spark) and storing customer
+# with each cache mode; 3 runs of each, rotating their order. About 25 minutes.
 bench-static: build
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench static --sf 1 --out bench/results

@@ -59,9 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     static = commands.add_parser("static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "
-                                 "and nation as static tables, Spark vs UMJoin's stored table with each cache mode, Zipf skew 0, 0.5, 1")
+                                 "and nation as static tables, Spark vs UMJoin by default and storing customer with each cache mode, "
+                                 "Zipf skew 0, 0.5, 1")
     static.add_argument("--sf", type=positive_number, default=1.0, help="TPC-H scale factor (default 1)")
     static.add_argument("--batches", type=whole_number, default=20, help="micro-batches the orders are cut into (default 20)")
+    static.add_argument("--repetitions", type=whole_number, default=3, help="runs per skew and configuration, rotating their order (default 3)")
     static.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     psp = commands.add_parser("psp", parents=[data], help="paper 004's setting: a 3-way window join without an equi-join key "
@@ -111,7 +113,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "static":
         from bench.static import run_static_bench
 
-        run_static_bench(args.sf, args.batches, args.out)
+        run_static_bench(args.sf, args.batches, args.repetitions, args.out)
     elif args.command == "psp":
         from bench.psp import run_pair_bench, run_psp_bench
 

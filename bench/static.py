@@ -5,12 +5,17 @@ A stream of TPC-H ``orders`` rows (in random order, cut into one file per micro-
 ``customer`` and ``nation`` as static tables; each order's customer is drawn anew with Zipf skew
 0, 0.5 and 1 over the customers (ranked in a seeded random order), so a few customers get most
 orders under skew. The broadcast threshold is lowered so that ``nation`` is broadcast and
-``customer`` is not. Per skew, in one run: Spark's stream-static join (it reads and shuffles
-``customer`` every micro-batch) and UMJoin with ``spark.umjoin.staticCache`` = off, ssbj and all
-(``customer`` loaded once into RocksDB stores; probed through the cache). Each configuration runs in
-a JVM of its own; the figures are per batch and in total: time, cache hits and misses, cached keys
-and bytes, bytes read from RocksDB; and the output's fingerprint, observed inside the query
-(bench/outputs.py), by which each run's output is compared with Spark's as a multiset.
+``customer`` is not. Per skew: Spark's stream-static join (it reads and shuffles ``customer`` every
+micro-batch), UMJoin with its default settings (``spark.umjoin.staticTables=auto``: it stores a
+table only where Spark estimates it far larger than a micro-batch, not ``customer`` here, so the
+query stays Spark's), and UMJoin made to store ``customer`` (``staticTables=store``) with
+``spark.umjoin.staticCache`` = off, ssbj and all (``customer`` loaded once into RocksDB stores;
+probed through the cache). Each configuration runs `repetitions` times, in a JVM of its own, the
+order of the configurations rotated from one repetition to the next; the figures are min / median
+/ max over the repetitions of the total time and of the median micro-batch, the rest from the
+last repetition: cache hits and misses, cached keys and bytes, bytes read from RocksDB; and the
+output's fingerprint, observed inside the query (bench/outputs.py), by which each run's output is
+compared with Spark's as a multiset.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ from bench import outputs, reported_on_fresh_checkpoint
 __all__ = ["SKEWS", "run_static_bench"]
 
 SKEWS = (0.0, 0.5, 1.0)
-RUNS = [("spark", None), ("umjoin-off", "off"), ("umjoin-ssbj", "ssbj"), ("umjoin-all", "all")]
+#: (name, UMJoin's settings; None: UMJoin off): Spark, UMJoin as it runs by default, and UMJoin storing customer
+#: with each cache mode.
+RUNS: list[tuple[str, dict[str, str] | None]] = [
+    ("spark", None), ("umjoin-default", {}),
+    *((f"umjoin-store-{cache}", {"spark.umjoin.staticTables": "store", "spark.umjoin.staticCache": cache}) for cache in ("off", "ssbj", "all"))]
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 STATE_PARTITIONS = 4
 #: nation (about 2 kB) is broadcast, customer (about 12 MB of Parquet at SF 1) is not.
@@ -77,9 +86,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
              .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", BROADCAST_THRESHOLD)
-    spark.conf.set("spark.umjoin.enabled", str(spec["cache"] is not None).lower())
-    if spec["cache"]:
-        spark.conf.set("spark.umjoin.staticCache", spec["cache"])
+    spark.conf.set("spark.umjoin.enabled", str(spec["settings"] is not None).lower())
+    for key, value in (spec["settings"] or {}).items():
+        spark.conf.set(key, value)
     data = tpch.generate(spec["sf"])
     for table in ("customer", "nation"):
         spark.read.parquet(str(data / f"{table}.parquet")).createOrReplaceTempView(table)
@@ -126,7 +135,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         "disk_bytes": b[-1]["disk_bytes"] if b else 0, "loads": sum(x["loads"] for x in b),
         "rocksdb_bytes_read": sum(x["rocksdb_bytes_read"] for x in b),
     })
-    print(f"zipf {spec['skew']:<3g} {spec['name']:>12}: {result['seconds']:.1f} s, "
+    print(f"zipf {spec['skew']:<3g} {spec['name']:>18}: {result['seconds']:.1f} s, "
           f"output {result['output_rows']} (hash {outputs.shown(result['output'])}), "
           f"hit ratio {_pct(result['hit_ratio'])}, cached keys {result['cached_keys']}, cache {_mb(result['cached_bytes'])}, "
           f"read from RocksDB {_mb(result['rocksdb_bytes_read'])}", flush=True)
@@ -141,40 +150,69 @@ def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f} MB"
 
 
-def run_static_bench(sf: float, batches: int, out: Path) -> Path:
-    """Runs every skew and configuration; writes static_sf<sf>.md and .json into `out`."""
+def _spread(values: list[float], digits: int) -> str:
+    return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
+
+
+def _commit() -> str:
+    """The commit the benchmark ran on (with `+changes` where the work tree differed from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + (" +changes" if dirty else "")
+
+
+def run_static_bench(sf: float, batches: int, repetitions: int, out: Path) -> Path:
+    """Runs every skew and configuration `repetitions` times, rotating their order; writes static_sf<sf>.md and .json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     customers = 150_000 * sf
+    commit = _commit()
     results = []
     for skew in SKEWS:
         stream = skewed_orders(sf, batches, skew)
-        runs = [_run({"name": name, "cache": cache, "skew": skew, "sf": sf, "stream": str(stream),
-                      "checkpoint": str(out / "static-checkpoints" / f"{name}-{skew:g}")}) for name, cache in RUNS]
-        for run in runs:
-            run["same_output"] = outputs.equal(run["output"], runs[0]["output"])
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in RUNS}
+        for repetition in range(repetitions):
+            for name, settings in RUNS[repetition % len(RUNS):] + RUNS[:repetition % len(RUNS)]:
+                runs[name].append(_run({"name": name, "settings": settings, "skew": skew, "sf": sf, "stream": str(stream),
+                                        "checkpoint": str(out / "static-checkpoints" / f"{name}-{skew:g}")}))
+        spark_output = runs["spark"][0]["output"]
+        for name, of_run in runs.items():
+            for run in of_run:
+                run["same_output"] = outputs.equal(run["output"], spark_output)
         results.append({"skew": skew, "runs": runs})
     subprocess.run(["rm", "-rf", str(out / "static-checkpoints")], check=True)
     stem = f"static_sf{sf:g}"
-    (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
+    command = f"python -m bench static --sf {sf:g} --batches {batches} --repetitions {repetitions}"
+    (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": commit, "sf": sf, "batches": batches,
+                                                  "repetitions": repetitions, "state_partitions": STATE_PARTITIONS,
                                                   "broadcast_threshold": BROADCAST_THRESHOLD, "results": results}, indent=1) + "\n")
     lines = [f"# Stream-static join: TPC-H orders as a stream, customer and nation static (SF {sf:g})", "",
-             f"`python -m bench static --sf {sf:g} --batches {batches}`: {batches} micro-batches of orders in random order, each order's customer "
-             f"drawn with Zipf skew; `nation` broadcast, `customer` not (`spark.sql.autoBroadcastJoinThreshold={BROADCAST_THRESHOLD}`, AQE on as by default); "
-             f"RocksDB state store, {STATE_PARTITIONS} state partitions; one JVM per run. Time ratio: the run's total time / Spark's. "
-             f"Same output: as Spark's, {outputs.COMPARED}.", "",
-             "| Zipf | run | total s | / Spark | median batch ms | output rows | output hash | same output | hit ratio | "
-             "cached keys (% of customers) | cache memory | store on disk | read from RocksDB | loads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"`{command}` (`make bench-static`), on commit {commit}: {batches} micro-batches of orders in random order, each order's "
+             f"customer drawn with Zipf skew; `nation` broadcast, `customer` not (`spark.sql.autoBroadcastJoinThreshold={BROADCAST_THRESHOLD}`, "
+             f"AQE on as by default); RocksDB state store, {STATE_PARTITIONS} state partitions; each run in a JVM of its own, {repetitions} "
+             "times, the order of the runs rotated between repetitions. umjoin-default: UMJoin with its default settings "
+             "(`spark.umjoin.staticTables=auto` reads `customer` again, as Spark does: the query stays Spark's); umjoin-store-*: "
+             "`customer` stored (`staticTables=store`) with each `spark.umjoin.staticCache` mode.", "",
+             f"Times: min / median / max over the {repetitions} runs; / Spark: ratio of medians. Same output: every run's as Spark's "
+             f"first run's, {outputs.COMPARED}. The rest from each configuration's last run.", "",
+             "| Zipf | run | StreamingUMJoin | total s | / Spark | median batch ms | / Spark | output rows | output hash | same output | "
+             "hit ratio | cached keys (% of customers) | cache memory | store on disk | read from RocksDB | loads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        spark_seconds = r["runs"][0]["seconds"]
-        for run in r["runs"]:
-            umjoin = run["run"] != "spark"
-            lines.append(f"| {r['skew']:g} | {run['run']} | {run['seconds']:.1f} | {run['seconds'] / spark_seconds:.2f} | {run['median_batch_ms']:.0f} | "
-                         f"{run['output_rows']} | {outputs.shown(run['output'])} | {'yes' if run['same_output'] else 'NO'} | "
-                         f"{_pct(run['hit_ratio']) if umjoin else '-'} | "
-                         f"{run['cached_keys']} ({100 * run['cached_keys'] / customers:.1f} %) | {_mb(run['cached_bytes']) if umjoin else '-'} | "
-                         f"{_mb(run['disk_bytes']) if umjoin else '-'} | {_mb(run['rocksdb_bytes_read']) if umjoin else '-'} | {run['loads'] if umjoin else '-'} |")
+        spark_total = statistics.median(run["seconds"] for run in r["runs"]["spark"])
+        spark_batch = statistics.median(run["median_batch_ms"] for run in r["runs"]["spark"])
+        for name, of_run in r["runs"].items():
+            last = of_run[-1]
+            stored = last["umjoin_in_plan"]
+            totals = [run["seconds"] for run in of_run]
+            batch_ms = [run["median_batch_ms"] for run in of_run]
+            lines.append(f"| {r['skew']:g} | {name} | {'yes' if stored else 'no'} | {_spread(totals, 1)} | {statistics.median(totals) / spark_total:.2f} | "
+                         f"{_spread(batch_ms, 0)} | {statistics.median(batch_ms) / spark_batch:.2f} | {last['output_rows']} | "
+                         f"{outputs.shown(last['output'])} | {'yes' if all(run['same_output'] for run in of_run) else 'NO'} | "
+                         f"{_pct(last['hit_ratio']) if stored else '-'} | "
+                         f"{last['cached_keys']} ({100 * last['cached_keys'] / customers:.1f} %) | {_mb(last['cached_bytes']) if stored else '-'} | "
+                         f"{_mb(last['disk_bytes']) if stored else '-'} | {_mb(last['rocksdb_bytes_read']) if stored else '-'} | {last['loads'] if stored else '-'} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     print(f"written: {out / stem}.md (and .json)")
     return out / f"{stem}.md"
 

@@ -48,7 +48,7 @@ def q5_umjoins(spark: SparkSession) -> list[plans.UMJoinNode]:
         ("spark.umjoin.stateCacheRows", "-1", "expected an integer >= 0"),
         ("spark.umjoin.stateCacheRows", "many", "expected an integer >= 0"),
         ("spark.umjoin.staticCache", "some", "expected all or off or ssbj"),
-        ("spark.umjoin.staticTables", "keep", "expected store or reread"),
+        ("spark.umjoin.staticTables", "keep", "expected auto, store or reread"),
         ("spark.umjoin.staticCache.maxBytes", "huge", "a size such as 64k, 8m or 1g"),
         ("spark.umjoin.staticCache.hysteresis", "0.5", "expected a number >= 1.0"),
         ("spark.umjoin.timeSlices", "0", "expected auto or an integer >= 1"),

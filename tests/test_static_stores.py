@@ -121,7 +121,9 @@ def static_input(plan: str) -> tuple[str, str]:
     return found
 
 
-SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "2"}
+#: t too big to broadcast, and stored whatever its size (by default only tables Spark estimates far larger than a
+#: micro-batch are: test_by_default_only_a_table_estimated_far_larger_than_a_micro_batch_is_stored).
+SETTINGS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "2", "spark.umjoin.staticTables": "store"}
 
 
 def test_the_changing_tables_phases_hold_users_data_on_every_side_of_both_joins() -> None:
@@ -372,3 +374,59 @@ def test_one_stream_with_tables_small_enough_to_broadcast_stays_adaptive_and_say
     assert rows == expected and len(rows) > 0
     assert "StreamingUMJoin" not in executed_plan(query) and "AdaptiveSparkPlan" in executed_plan(query)
     assert any("planned as without UMJoin" in r for r in reasons), reasons
+
+
+def test_by_default_only_a_table_estimated_far_larger_than_a_micro_batch_is_stored(spark: SparkSession, tmp_path: Path) -> None:
+    """spark.umjoin.staticTables=auto (the default) stores a static table only where Spark's estimate of its rows is
+    at least 1,000,000 and 100 times the micro-batch's stream rows; a smaller table is read every micro-batch, and a
+    stream joined only with such tables stays Spark's stream-static join, the reason giving the estimates. Big: 40,000
+    rows of 1,300 uncompressed bytes (52 MB: about 1.2 million rows by Spark's estimate of 44 bytes a row); small:
+    a few rows. Answers as Spark's."""
+    import duckdb
+
+    (tmp_path / "big").mkdir()
+    duckdb.sql("COPY (SELECT (i % 50)::BIGINT AS b_k, i::BIGINT AS b_v, repeat(md5(i::VARCHAR), 40) || 'pad' AS b_pad "
+               f"FROM range(40000) AS r(i)) TO '{tmp_path / 'big' / 'big.parquet'}' (FORMAT parquet, COMPRESSION uncompressed)")
+    for name in ("u", "w"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.csv").write_text("".join(f"{k},{k * 10}\n" for k in [*range(5), 3]) + ",7\n")
+    rng = random.Random(5)
+    write_batches(tmp_path / "x", X_COLUMNS, [[(rng.choice([None, *range(60)]), rng.randrange(7)) for _ in range(40)] for _ in range(2)])
+    big = spark.read.parquet(str(tmp_path / "big")).select("b_k", "b_v")
+    u, w = (spark.read.schema(f"{n}_k BIGINT, {n}_v BIGINT").csv(str(tmp_path / n)) for n in ("u", "w"))
+
+    def with_big(x: DataFrame) -> DataFrame:
+        return x.join(big, x.x_k == big.b_k).join(u, x.x_v == u.u_k)
+
+    def small_only(x: DataFrame) -> DataFrame:
+        return x.join(u, x.x_v == u.u_k).join(w, x.x_v == w.w_k)
+
+    outcome = {}
+    with temporary_conf(spark, {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.shuffle.partitions": "2",
+                                "spark.sql.adaptive.enabled": spark.conf.get("spark.sql.adaptive.enabled")}):
+        for name, query_of, adaptive in (("with_big", with_big, "true"), ("small_only", small_only, "true"),
+                                         ("small_only_not_adaptive", small_only, "false")):
+            spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+            query = (query_of(stream(spark, tmp_path / "x", X_COLUMNS)).writeStream.format("memory").queryName(f"auto_{name}")
+                     .option("checkpointLocation", str(tmp_path / f"ck-{name}")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+                expected = sorted_rows(query_of(spark.read.parquet(str(tmp_path / "x"))))
+            outcome[name] = (executed_plan(query), plans.unconverted_streaming_joins(spark, query), sorted_rows(spark.table(f"auto_{name}")), expected)
+    plan, reasons, rows, expected = outcome["with_big"]
+    assert re.search(r"\(static, stored, [^)]*partitioned by b_k", plan) and re.search(r"\(static, read every batch, [^)]*partitioned by u_k", plan), plan
+    assert reasons == [] and rows == expected and len(rows) > 10
+    plan, reasons, rows, expected = outcome["small_only"]
+    assert "StreamingUMJoin" not in plan, plan
+    assert reasons == ["the stream-static joins of this query stay as Spark planned them, adaptively: no join of a stream with at "
+                       "least spark.umjoin.minInputs inputs reads a table UMJoin would store (one read from files, too large to "
+                       "broadcast, with spark.umjoin.staticTables=store; with auto, the default, also estimated by Spark at "
+                       "1000000 rows or more and 100 times the micro-batch's stream rows), so its micro-batches are planned as "
+                       "without UMJoin"], reasons
+    assert rows == expected and len(rows) > 10
+    # Planned without AQE, the group is tried, and the reason gives Spark's estimates.
+    plan, reasons, rows, expected = outcome["small_only_not_adaptive"]
+    assert "StreamingUMJoin" not in plan and rows == expected, plan
+    # (Groups split from it are tried too, each saying why.)
+    assert any(re.search(r"Spark's estimates: the table about \d+ rows, the micro-batch's streams about \d+ rows; "
+                         r"spark.umjoin.staticTables=auto stores a table only from 1000000 rows", r) for r in reasons), reasons

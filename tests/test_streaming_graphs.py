@@ -119,8 +119,8 @@ SEEDS = range(48, 56)
 def test_random_join_graphs_as_streams_give_the_batch_join(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     case = random_case(seed)
     settings = {"spark.sql.shuffle.partitions": str(2 + seed % 3), **(ROCKSDB if seed % 2 else {})}
-    if len(case.static) > 1:
-        settings["spark.sql.autoBroadcastJoinThreshold"] = "-1"
+    if len(case.static) > 1:  # the tables stored (whatever their size: see spark.umjoin.staticTables)
+        settings |= {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.umjoin.staticTables": "store"}
     if seed % 5 == 4:  # routes chosen again between micro-batches, within what the state's layout can probe
         settings |= {"spark.umjoin.probeOrder": ["dpPick", "greedy", "selectivityFirst"][seed % 3], "spark.umjoin.dpPick.period": "1ms"}
     on, batch, plan = run_case(spark, tmp_path, case, f"graph_{seed}", settings)

@@ -9,6 +9,7 @@ import org.apache.spark.sql.internal.SQLConf
 import umjoin.spark.core.cost.{ProbeOrderPolicy, ProbeOrderSettings, Smoothing, StaticCacheMode,
   StaticCacheSettings}
 import umjoin.spark.core.store.{RocksDBSettings, StateBackend, StoreSettings}
+import umjoin.spark.streaming.StaticTablesMode
 
 /**
  * The session settings under `spark.umjoin.*`, parsed and checked. They are read at every
@@ -21,7 +22,7 @@ final case class UMJoinConf(
     stores: StoreSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
-    storeStaticTables: Boolean,
+    staticTables: StaticTablesMode,
     staticCache: StaticCacheSettings,
     probeOrder: ProbeOrderSettings,
     timeSlices: Option[Int]) {
@@ -183,16 +184,17 @@ object UMJoinConf {
         "into memory once per micro-batch and probes them there instead of the state store (`0`: " +
         "never). A hash lookup costs less than a seek in RocksDB, but the copies take memory " +
         "beside the state store's: off by default, since Spark's joins keep no such copies")
-  val StaticTables: Setting[Boolean] =
-    Setting.choice("spark.umjoin.staticTables", "store", Map("store" -> true, "reread" -> false),
+  val StaticTables: Setting[StaticTablesMode] =
+    Setting.choice("spark.umjoin.staticTables", "auto", StaticTablesMode.byName,
       "streaming: a static table too big to broadcast, read from files, is `store`d in the " +
         "StreamingUMJoin's state (loaded when the query starts and when the table changes; see " +
         "[Static tables](docs/streaming.md#static-tables-in-a-streaming-join)) or `reread` every " +
         "micro-batch as Spark's stream-static join reads it (then one stream with static tables " +
-        "stays as Spark planned it). A checkpoint keeps the choice it was started with. Storing " +
-        "saves reading the table every batch and costs a state-store lookup per probe: it " +
-        "pays where the table is large next to the micro-batches (measured: `make bench-static`)")
-      .copy(accepts = "store or reread")
+        "stays as Spark planned it); `auto` stores it where Spark estimates it at 1,000,000 rows " +
+        "or more and 100 times the micro-batch's stream rows, since storing costs a state-store " +
+        "lookup per probe and saves reading the table: smaller tables are faster read again " +
+        "(measured: `make bench-static`). A checkpoint keeps the choice it was started with")
+      .copy(accepts = "auto, store or reread")
   val StaticCache: Setting[StaticCacheMode] =
     Setting.choice("spark.umjoin.staticCache", "ssbj", StaticCacheMode.byName,
       "streaming: what each executor keeps in memory of a stored static table: `ssbj` " +
@@ -245,7 +247,7 @@ object UMJoinConf {
         maxStoreMemory = MaxStoreMemory.read(get)),
       stateTtlMs = StateTtl.read(get),
       stateCacheRows = StateCacheRows(get).toLong,
-      storeStaticTables = StaticTables(get),
+      staticTables = StaticTables(get),
       staticCache = StaticCacheSettings(StaticCache(get),
         StaticCacheMaxBytes(get), StaticCacheHysteresis(get)),
       probeOrder = ProbeOrderSettings(

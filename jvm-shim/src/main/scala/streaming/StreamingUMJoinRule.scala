@@ -12,7 +12,6 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce,
   EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
-import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.catalyst.rules.Rule
@@ -130,7 +129,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val accepted =
         if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
           g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
-            conf.storeStaticTables, conf.timeSlices, newOperator, mismatched))
+            conf.staticTables, conf.timeSlices, newOperator, mismatched))
           .acceptedGroups(plan, (root, reason) => unconverted("the join group under " +
             s"${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
         else Nil
@@ -196,7 +195,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
       g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
-        conf.storeStaticTables, conf.timeSlices, operatorOf, mismatched))
+        conf.staticTables, conf.timeSlices, operatorOf, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
     if (firstOfRun) {
@@ -309,19 +308,24 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
-   * composite with `compositeIndexes`; its large static tables stored where they can be with
-   * `storeStatic`; its event times cut into `timeSlices` slices where it has no equi-join key,
+   * composite with `compositeIndexes`; its large static tables stored where `staticTables` says
+   * to; its event times cut into `timeSlices` slices where it has no equi-join key,
    * None: Spark's default parallelism). `mismatched` hears, per operator, why a checkpoint's
    * recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan],
       measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
-      compositeIndexes: Boolean, storeStatic: Boolean,
+      compositeIndexes: Boolean, staticTables: StaticTablesMode,
       timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
-    val kinds = group.inputs.map(kindOf(_, storeStatic)).toIndexedSeq
+    // Rows of this micro-batch's streams, by Spark's estimate (None: one of them is not estimated).
+    val batchRows = group.inputs.filter(PhysicalPatterns.isStreaming).map(estimatedRows)
+      .foldLeft(Option(0.0))((sum, rows) => for (s <- sum; r <- rows) yield s + r)
+    def stored(input: SparkPlan): Boolean =
+      StaticStoring.stores(staticTables, estimatedRows(input), batchRows)
+    val kinds = group.inputs.map(kindOf(_, stored)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
     // Columns the group's projections compute (renamed, re-marked or computed), as expressions over
     // the inputs' columns.
@@ -390,10 +394,15 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     else if (stateInfo.isEmpty)
       Left("the streaming query it belongs to is not found (UMJoin stores static tables in " +
         "micro-batch queries only)")
-    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored))
+    else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) {
+      val reread = group.inputs.indices.find(i => kinds(i) == InputKind.StaticPartitioned &&
+        StaticVersions.versionable(placeable(group.inputs(i))))
+      val rereadByAuto = reread.filter(_ => staticTables == StaticTablesMode.Auto).map(i =>
+        s" (${StaticStoring.rereadBecause(estimatedRows(group.inputs(i)), batchRows)})")
       Left("it joins one stream with tables that are broadcast or read again every micro-batch " +
-        "(spark.umjoin.staticTables=reread, or tables UMJoin cannot know unchanged), which " +
-        "Spark's stream-static joins do as well, without state")
+        "(spark.umjoin.staticTables=reread or auto, or tables UMJoin cannot know unchanged), " +
+        "which Spark's stream-static joins do as well, without state" + rereadByAuto.getOrElse(""))
+    }
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 &&
         !(recorded && checkpoint.get.committedBefore))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1}" +
@@ -725,10 +734,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
-    case Some(logical) =>
-      val stats = logical.stats
-      Some(stats.rowCount.map(_.toDouble).getOrElse((stats.sizeInBytes /
-        EstimationUtils.getSizePerRow(logical.output).max(1)).toDouble))
+    case Some(logical) => Some(StaticStoring.estimatedRows(logical))
     case None => plan.children.headOption.flatMap(estimatedRows)
   }
 
@@ -767,11 +773,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     found.collectFirst { case Left(reason) => reason }.toLeft(found.flatMap(_.toOption.flatten))
   }
 
-  private def kindOf(input: SparkPlan, storeStatic: Boolean): InputKind =
+  private def kindOf(input: SparkPlan, stored: SparkPlan => Boolean): InputKind =
     if (PhysicalPatterns.isStreaming(input)) InputKind.Stream
     else input match {
       case _: BroadcastExchangeExec => InputKind.StaticBroadcast
-      case _ if storeStatic && StaticVersions.versionable(placeable(input)) =>
+      case _ if StaticVersions.versionable(placeable(input)) && stored(input) =>
         InputKind.StaticStored
       case _ => InputKind.StaticPartitioned
     }
@@ -898,7 +904,10 @@ object StreamingUMJoinRule {
   val AdaptiveStreamStatic: String = "the stream-static joins of this query stay " +
     "as Spark planned them, adaptively: no join of a stream with at least spark.umjoin.minInputs " +
     "inputs reads a table UMJoin would store (one read from files, too large to broadcast, with " +
-    "spark.umjoin.staticTables=store), so its micro-batches are planned as without UMJoin"
+    "spark.umjoin.staticTables=store; with auto, the default, also estimated by Spark at " +
+    f"${StaticStoring.MinTableRows}%.0f rows or more and " +
+    f"${StaticStoring.TableRowsPerBatchRow}%.0f times the micro-batch's stream rows), so its " +
+    "micro-batches are planned as without UMJoin"
 
   /** A StreamingUMJoin's state that this run would not read: the error, with the fix. */
   def umjoinStateUnread(checkpointLocation: String, operatorId: Long): IllegalStateException =

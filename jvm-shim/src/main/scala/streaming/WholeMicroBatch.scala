@@ -44,11 +44,13 @@ final class WholeMicroBatchStrategy(session: SparkSession)
     lazy val conf = UMJoinConf.from(sqlConf)
     // A stream-stream join makes the plan stateful, and so non-adaptive, without help.
     root.isStreaming && WholeMicroBatchStrategy.sparkPlansAdaptively(sqlConf) &&
-      conf.enabled && conf.storeStaticTables &&
+      conf.enabled && conf.staticTables != StaticTablesMode.Reread &&
       !root.exists { case j: Join => j.left.isStreaming && j.right.isStreaming; case _ => false } &&
       root.collect { case j: Join => joinedInputs(j) }.exists { inputs =>
+        val batchRows = inputs.filter(_.isStreaming).map(StaticStoring.estimatedRows).sum
         inputs.size >= conf.minInputsOf(timeSliced = false) && inputs.exists(_.isStreaming) &&
-          inputs.exists(storable(_, sqlConf))
+          inputs.exists(input => storable(input, sqlConf) && StaticStoring.stores(
+            conf.staticTables, Some(StaticStoring.estimatedRows(input)), Some(batchRows)))
       }
   }
 
