@@ -65,3 +65,14 @@ def test_what_the_reader_cannot_read_it_names_with_the_fix(spark: SparkSession, 
     for options, checkpoint, message in cases:
         with pytest.raises(Exception, match=message):
             spark.read.format("umjoin-state").options(**options).load(str(checkpoint)).collect()
+
+
+def test_sparks_state_metadata_names_the_operator_and_each_of_its_stores(spark: SparkSession, tmp_path: Path) -> None:
+    """`spark.read.format("state-metadata")`: operator 0 is umJoin, with its layout-format entry (`default`) and the
+    stores its partitions keep, as found on disk, each over the query's 2 partitions."""
+    checkpoint = _run(spark, tmp_path, {})
+    on_disk = sorted(p.name for p in (checkpoint / "state" / "0" / "0").iterdir() if p.is_dir() and not p.name.startswith("_"))
+    metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
+    assert {(r.operatorId, r.operatorName) for r in metadata} == {(0, "umJoin")}
+    assert sorted(r.stateStoreName for r in metadata) == sorted(["default", *on_disk]) and len(on_disk) >= 3, (metadata, on_disk)
+    assert {r.numPartitions for r in metadata} == {2}

@@ -25,12 +25,12 @@ object StaticTablesMode {
 /**
  * When storing a static table pays. Spark's stream-static join reads and shuffles the whole table
  * in every micro-batch; a stored table costs a state-store lookup per stream row and its stores'
- * commit instead. Measured (`make bench-static`, and its query over micro-batches of 1,500 orders;
- * RocksDB, 4 partitions): with a `customer` of 150,000 rows a stored table was slower per
- * micro-batch at every batch size tried (1.1-2.3x Spark's), with 750,000 rows and small
- * micro-batches about 0.8x. So, by Spark's own estimates of the rows (no I/O), a table is stored
- * only where it has at least [[MinTableRows]] rows and [[TableRowsPerBatchRow]] times the rows of
- * the micro-batch's streams.
+ * commit instead. Measured (`make bench-static`, and by hand its query over micro-batches of 1,500
+ * orders; RocksDB, 4 partitions): a stored `customer` of 150,000 rows was slower per micro-batch at
+ * every batch size tried (1.1-2.2x Spark's), one of 750,000 rows with 1,500-order micro-batches
+ * about 0.8x. So, by Spark's own estimates of the rows (no I/O), a table is stored only where it
+ * has at least [[MinTableRows]] rows and [[TableRowsPerBatchRow]] times the rows of the
+ * micro-batch's streams.
  */
 object StaticStoring {
   val MinTableRows: Double = 1e6

@@ -12,8 +12,9 @@ import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric,
   StatefulOperatorStateInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.state.{StateSchemaCompatibilityChecker,
-  StateSchemaValidationResult, StateStore, StateStoreColFamilySchema}
+import org.apache.spark.sql.execution.streaming.state.{OperatorInfoV1, OperatorStateMetadata,
+  OperatorStateMetadataV1, StateSchemaCompatibilityChecker, StateSchemaValidationResult, StateStore,
+  StateStoreColFamilySchema, StateStoreId, StateStoreMetadataV1}
 import org.apache.spark.sql.types.{IntegerType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
@@ -160,6 +161,22 @@ case class StreamingUMJoinExec(
       format)
     List(StateSchemaCompatibilityChecker.validateAndMaybeEvolveStateSchema(getStateInfo,
       hadoopConf, List(schema), session.sessionState, stateSchemaVersion))
+  }
+
+  /**
+   * The operator's stores as Spark's state-metadata source lists them: the layout-format entry
+   * (`default`), then every store of its inputs with the key columns its prefix scans take.
+   */
+  override def operatorStateMetadata(
+      stateSchemaPaths: List[List[String]]): OperatorStateMetadata = {
+    val info = getStateInfo
+    val stores = stateSpecs.flatMap(spec => spec.rowStore +: spec.indexStores).map { store =>
+      StateStoreMetadataV1(store.name, InputState.keyEncoding(store.keySchema).numColsPrefixKey,
+        info.numPartitions)
+    }
+    OperatorStateMetadataV1(OperatorInfoV1(info.operatorId, shortName),
+      (StateStoreMetadataV1(StateStoreId.DEFAULT_STORE_NAME, 0, info.numPartitions) +: stores)
+        .toArray)
   }
 
   /**
