@@ -19,6 +19,13 @@ from pyspark.sql import SparkSession
 TESTKIT_JAR = Path(__file__).resolve().parent.parent / "build" / "umjoin-spark-testkit.jar"
 
 
+def commit() -> str:
+    """The commit a benchmark ran on (with `+changes` where the work tree differed from it), for its result file."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + (" +changes" if dirty else "")
+
+
 def peak_rss_bytes(pid: int) -> int:
     """The process's resident memory at its highest (VmHWM): a benchmark's JVM, asked before it stops."""
     return next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import outputs, reported_on_fresh_checkpoint
+from bench import commit as bench_commit, outputs, reported_on_fresh_checkpoint
 
 __all__ = ["SKEWS", "run_static_bench"]
 
@@ -154,18 +154,11 @@ def _spread(values: list[float], digits: int) -> str:
     return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
 
 
-def _commit() -> str:
-    """The commit the benchmark ran on (with `+changes` where the work tree differed from it)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-    return (head or "unknown") + (" +changes" if dirty else "")
-
-
 def run_static_bench(sf: float, batches: int, repetitions: int, out: Path) -> Path:
     """Runs every skew and configuration `repetitions` times, rotating their order; writes static_sf<sf>.md and .json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     customers = 150_000 * sf
-    commit = _commit()
+    commit = bench_commit()
     results = []
     for skew in SKEWS:
         stream = skewed_orders(sf, batches, skew)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from bench import outputs
+from bench import commit as bench_commit, outputs
 from umjoin import answers, plans, tpch
 from umjoin.local import temporary_conf
 
@@ -111,16 +111,20 @@ def geometric_mean_converted(results: list[dict[str, Any]]) -> float:
     return statistics.geometric_mean(ratios) if ratios else float("nan")
 
 
+def _spread(runs: list[float]) -> str:
+    return f"{statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})"
+
+
 def _table(threshold: str, results: list[dict[str, Any]]) -> list[str]:
     converted = [r for r in results if r["umjoin_inputs"]]
     unconverted = [r for r in results if not r["umjoin_inputs"]]
     return [
         f"## Broadcast threshold: {threshold}",
         "",
-        "| query | UMJoin inputs | off (s) | on (s) | on/off | joined rows shuffled off / on (MB) | join sorts off / on (s) | same answer | official answer |",
+        "| query | UMJoin inputs | off (s): median (min-max) | on (s): median (min-max) | on/off | joined rows shuffled off / on (MB) | join sorts off / on (s) | same answer | official answer |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
         *(
-            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {r['off_s']:.2f} | {r['on_s']:.2f} | {r['on_off_ratio']:.2f} | "
+            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {_spread(r['off_runs_s'])} | {_spread(r['on_runs_s'])} | {r['on_off_ratio']:.2f} | "
             f"{r['off_join_work']['intermediate_shuffled_mb']:.1f} / {r['on_join_work']['intermediate_shuffled_mb']:.1f} | "
             f"{r['off_join_work']['join_sort_s']:.2f} / {r['on_join_work']['join_sort_s']:.2f} | "
             f"{'yes' if r['same_answer'] else 'NO'} | {r['official_answer']} |"
@@ -179,10 +183,14 @@ def run_bench(spark: SparkSession, sf: float, repetitions: int, out: Path, queri
 
     out.mkdir(parents=True, exist_ok=True)
     name = f"tpch_sf{sf:g}"
-    meta = {"sf": sf, "repetitions": repetitions, "spark": spark.version, "machine": f"{platform.machine()}, local[2]",
+    command = (f"python -m bench tpch --sf {sf:g} --repetitions {repetitions}"
+               + (f" --queries {','.join(map(str, queries))}" if list(queries) != list(tpch.QUERY_NUMBERS) else "")
+               + (f" --thresholds {','.join(thresholds)}" if thresholds else ""))
+    meta = {"command": command, "commit": bench_commit(), "sf": sf, "repetitions": repetitions, "spark": spark.version, "machine": f"{platform.machine()}, local[2]",
             "thresholds": {t: THRESHOLDS[t] or "Spark's default" for t in measured}}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "thresholds": measured}, indent=1) + "\n")
-    lines = [f"# TPC-H SF {sf:g}: UMJoin off vs on (median of {repetitions} runs, Spark {spark.version}, local[2])", ""]
+    lines = [f"# TPC-H SF {sf:g}: UMJoin off vs on (median of {repetitions} runs, Spark {spark.version}, local[2])", "",
+             f"`{command}` (`make bench`), on commit {meta['commit']}.", ""]
     for threshold, results in measured.items():
         lines += _table(threshold, results)
     (out / f"{name}.md").write_text("\n".join(lines))

@@ -7,6 +7,7 @@ import org.apache.spark.sql.catalyst.expressions.{And, Attribute, AttributeSet, 
 import org.apache.spark.sql.catalyst.expressions.codegen.{CodegenContext, ExprCode,
   GenerateUnsafeProjection}
 import org.apache.spark.sql.execution.CodegenSupport
+import org.apache.spark.sql.types.LongType
 
 import umjoin.spark.core.ZippedInputsRDD
 import umjoin.spark.core.probe.{InputMetrics, StepRule}
@@ -139,8 +140,16 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
         val keyInputs = evaluateRequiredVariables(attrs, vars, AttributeSet(used))
         ctx.currentVars = vars
         ctx.INPUT_ROW = null
+        // A key of one LongType column is looked up by its value (`getLong`), as Spark's hash joins
+        // look up a long key: no key row is written and checked for NULLs per probe.
+        val longKey = probeKeys.size == 1 && probeKeys.head.dataType == LongType
+        val boundKeys = BindReferences.bindReferences(probeKeys, attrs)
         val key =
-          GenerateUnsafeProjection.createCode(ctx, BindReferences.bindReferences(probeKeys, attrs))
+          if (longKey) boundKeys.head.genCode(ctx)
+          else GenerateUnsafeProjection.createCode(ctx, boundKeys)
+        val (keyIsNull, getOne, get) =
+          if (longKey) (key.isNull.toString, "getOneLong", "getLong")
+          else (s"${key.value}.anyNull()", "getOne", "get")
         val (matches, one, found, storedRow) = (ctx.freshName("matches"), ctx.freshName("one"),
           ctx.freshName("found"), ctx.freshName("storedRow"))
         ctx.INPUT_ROW = storedRow
@@ -199,11 +208,11 @@ trait UMJoinCodegen extends CodegenSupport { self: UMJoinExec =>
            |${key.code}
            |long $found = 0L;
            |$outerDeclarations
-           |if (!${key.value}.anyNull()) {
+           |if (!$keyIsNull) {
            |  scala.collection.Iterator $matches = null;
            |  InternalRow $one = null;
-           |  if (${uniqueTerms(k)}) $one = ${storeTerms(k)}.getOne(${key.value});
-           |  else $matches = ${storeTerms(k)}.get(${key.value});
+           |  if (${uniqueTerms(k)}) $one = ${storeTerms(k)}.$getOne(${key.value});
+           |  else $matches = ${storeTerms(k)}.$get(${key.value});
            |  while (true) {
            |    InternalRow $storedRow;
            |    if ($matches == null) {

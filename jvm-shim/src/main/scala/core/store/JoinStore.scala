@@ -20,6 +20,21 @@ trait JoinStore extends AutoCloseable {
   /** The row stored under `key`, or null; for stores whose keys are unique. */
   def getOne(key: UnsafeRow): InternalRow =
     throw new UnsupportedOperationException("a store with repeated keys has no single row per key")
+  /**
+   * `get` of a key of one LongType column, given as its value. Spark's long-keyed hash map finds it
+   * without a key row; other stores get the value in a row of their own (`longKey`).
+   */
+  def getLong(key: Long): Iterator[InternalRow] = get(longKey(key))
+  /** `getOne` of a key of one LongType column, given as its value. */
+  def getOneLong(key: Long): InternalRow = getOne(longKey(key))
+  // The key row of `getLong`: the store's own (a store serves one task), as a lookup reads its key
+  // only until it returns.
+  private[this] val longKeyRow = new UnsafeRow(1)
+  longKeyRow.pointTo(new Array[Byte](16), 16)
+  private def longKey(key: Long): UnsafeRow = {
+    longKeyRow.setLong(0, key)
+    longKeyRow
+  }
   def isEmpty: Boolean
   def sizeInBytes: Long
   /**

@@ -8,7 +8,7 @@ import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, UnsafeRow}
 import org.apache.spark.sql.execution.{ExternalAppendOnlyUnsafeRowArray, SparkPlan}
-import org.apache.spark.sql.execution.joins.HashedRelation
+import org.apache.spark.sql.execution.joins.{HashedRelation, LongHashedRelation}
 
 import umjoin.spark.core.store.{JoinStore, SmallStore}
 
@@ -26,6 +26,17 @@ final class InMemoryStore private[umjoin] (relation: HashedRelation, owned: Bool
   }
   override val keysAreUnique: Boolean = relation.keyIsUnique
   override def getOne(key: UnsafeRow): InternalRow = relation.getValue(key)
+  // Spark builds a long-keyed map for a key of one LongType column (as UMJoinExec.hashable keys
+  // one of an integral type): the value is looked up as it is.
+  private val longKeyed = relation.isInstanceOf[LongHashedRelation]
+  override def getLong(key: Long): Iterator[InternalRow] =
+    if (!longKeyed) super.getLong(key)
+    else {
+      val rows = relation.get(key)
+      if (rows == null) Iterator.empty else rows
+    }
+  override def getOneLong(key: Long): InternalRow =
+    if (longKeyed) relation.getValue(key) else super.getOneLong(key)
   override def sizeInBytes: Long = relation.estimatedSize
   override lazy val keyCount: Long = relation.keys().size.toLong
   override def close(): Unit = if (owned) relation.close()
