@@ -20,10 +20,10 @@ TESTKIT_JAR = Path(__file__).resolve().parent.parent / "build" / "umjoin-spark-t
 
 
 def commit() -> str:
-    """The commit a benchmark ran on (with `+changes` where the work tree differed from it), for its result file."""
+    """The commit a benchmark ran on, for its result file; where the work tree differed from it, `+changes to` the files."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-    return (head or "unknown") + (" +changes" if dirty else "")
+    changed = subprocess.run(["git", "diff", "--name-only", "HEAD"], capture_output=True, text=True).stdout.split()
+    return (head or "unknown") + (f" +changes to {', '.join(changed)}" if changed else "")
 
 
 def peak_rss_bytes(pid: int) -> int:
