@@ -134,66 +134,6 @@ def star(frames: dict[str, DataFrame], names: str) -> DataFrame:
     return joined
 
 
-def random_case(seed: int) -> tuple[str, dict[str, list[list[tuple]]], bool]:  # type: ignore[type-arg]
-    """3-4 streams of (key, second key, value) rows split at random into micro-batches (some empty), their keys
-    NULL in a share drawn per stream (all of them in some); now and then a stream without rows."""
-    rng = random.Random(seed)
-    names = "wxyz"[: rng.randint(3, 4)]
-    batches = rng.randint(1, 5)
-    together = rng.random() < 0.3  # every stream's rows arrive in the same batches
-    data = {}
-    for name in names:
-        share = stream_data.null_share(rng)
-        key, second = stream_data.key_drawer(rng, 8, share), stream_data.key_drawer(rng, 3, share)
-        rows = [(key(), second(), rng.randrange(100)) for _ in range(rng.choice([0, *range(1, 26)]))]
-        split = stream_data.cut(rng, rows, batches - 1)
-        if not together:
-            split = [[] for _ in range(rng.randint(0, 2))] + split  # this stream starts later
-        data[name] = split
-    return names, data, rng.random() < 0.5
-
-
-#: Seven cases whose data together holds every feature the generator's test asks for (0-6 lack a stream without rows).
-RANDOM_SEEDS = range(28, 35)
-
-
-def test_the_random_micro_batches_hold_users_data_on_both_sides_of_a_join() -> None:
-    """The first stream joins every other on k (a star); without watermarks no row is late."""
-    covered: dict[tuple[str, str], set[str]] = {}
-    for seed in RANDOM_SEEDS:
-        names, data, _ = random_case(seed)
-        for name in names:
-            covered.setdefault(("inner", "centre" if name == names[0] else "other"), set()).update(stream_data.features(data[name], [0]))
-    wanted = {("inner", side): stream_data.FEATURES_WITHOUT_EVENT_TIME for side in ("centre", "other")}
-    assert not stream_data.missing(covered, wanted), stream_data.missing(covered, wanted)
-
-
-@pytest.mark.parametrize("seed", RANDOM_SEEDS)
-def test_random_micro_batches_give_the_batch_join(spark: SparkSession, tmp_path: Path, seed: int) -> None:
-    """Without watermarks Spark's chained joins put out the batch join of all the rows too: it is the oracle
-    (test_watermarks_shrink_state_and_drop_late_rows_like_spark compares with Spark's joins themselves)."""
-    names, data, second_key = random_case(seed)
-    for name, batches in data.items():
-        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT", batches)
-    schema = lambda n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT"  # noqa: E731
-
-    def query(read: Any) -> DataFrame:
-        frames = {n: read(n) for n in names}
-        joined = star(frames, names)
-        if second_key:  # a second join key (another key class) and a condition that is not an equi-join
-            joined = joined.where((F.col(f"{names[0]}_j") == F.col(f"{names[1]}_j")) & (F.col(f"{names[-1]}_v") > F.col(f"{names[0]}_v") - 60))
-        return joined
-
-    settings = {"spark.sql.shuffle.partitions": "2", **(ROCKSDB if seed % 2 else {})}
-    with temporary_conf(spark, settings):
-        on, running = run_to_end(query(lambda n: stream(spark, tmp_path / n, schema(n))), f"umjoin_on_{seed}", tmp_path / "ck-on")
-        plan = executed_plan(running)
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            batch = sorted_rows(query(lambda n: spark.read.parquet(str(tmp_path / n))))
-    assert "StreamingUMJoin inputs=" in plan and "StreamingSymmetricHashJoin" not in plan
-    assert on == batch
-
-
 def test_state_of_each_input_is_reported_in_progress(spark: SparkSession, tmp_path: Path) -> None:
     rng = random.Random(3)
     for name in "xyz":

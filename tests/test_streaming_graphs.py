@@ -1,6 +1,6 @@
 """Streaming UMJoin over any connected graph of inner equi-joins: random chains, stars, cycles and
-snowflakes of 3-6 streams over 2-4 key classes, sometimes with a static table, split at random into
-micro-batches. Each case must run as one StreamingUMJoin and give exactly the batch join of all the
+snowflakes of 3-6 streams over 2-4 key classes, sometimes with a static table or a condition that is
+not an equi-join, split at random into micro-batches. Each case must run as one StreamingUMJoin and give exactly the batch join of all the
 data (UMJoin off). Without watermarks, Spark's own chained stream-stream joins put out that batch join
 too, so it is the oracle here at half the cost of running them; where a watermark makes Spark's
 joins drop rows, the suites compare with them micro-batch by micro-batch (test_streaming_event_time).
@@ -31,6 +31,7 @@ class Case:
     static: set[str]
     edges: list[tuple[str, str, int]]  # (table, table, key column)
     batches: dict[str, list[list[tuple[Any, ...]]]]  # stream -> rows per micro-batch; static -> [rows]
+    residual: bool = False  # a condition that is not an equi-join, between the first table and the last
 
     def columns(self, table: str) -> str:
         return ", ".join([f"{table}_k{c} BIGINT" for c in range(KEYS)] + [f"{table}_v BIGINT"])
@@ -67,7 +68,7 @@ def random_case(seed: int) -> Case:
             batches[t] = [rows]
             continue
         batches[t] = [[] for _ in range(rng.randint(0, 2))] + stream_data.cut(rng, rows, micro_batches - 1)  # some streams start later
-    return Case(shape, tables, static, edges, batches)
+    return Case(shape, tables, static, edges, batches, residual=seed % 3 == 0)
 
 
 def join_query(case: Case, read: Any) -> DataFrame:
@@ -89,6 +90,9 @@ def join_query(case: Case, read: Any) -> DataFrame:
             condition = condition & more
         result = result.join(frames[nxt], condition)
         joined_tables.append(nxt)
+    if case.residual:  # Spark pushes it into the join that brings in the second of the two tables
+        first, last = case.tables[0], case.tables[-1]
+        result = result.where(F.col(f"{first}_v") > F.col(f"{last}_v") - 500)
     return result
 
 
@@ -135,6 +139,7 @@ def test_the_generator_covers_every_shape_static_tables_several_key_classes_and_
     assert sum(1 for c in cases if c.static) >= 3 and any(len(c.static) == len(c.tables) - 1 for c in cases)
     assert {len({cls for _, _, cls in c.edges}) for c in cases} >= {2, 3}
     assert {len(c.tables) for c in cases} >= {3, 4, 5, 6}
+    assert {c.residual for c in cases} == {True, False} and {c.shape for c in cases if c.residual} == {"chain", "snowflake", "cycle"}
     # On both sides of a join of two streams and of a stream with a static table, the key column compared holds
     # users' data (no watermarks here: no row is late).
     covered: dict[tuple[str, str], set[str]] = {}
