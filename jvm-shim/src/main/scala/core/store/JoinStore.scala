@@ -27,8 +27,8 @@ trait JoinStore extends AutoCloseable {
   def getLong(key: Long): Iterator[InternalRow] = get(longKey(key))
   /** `getOne` of a key of one LongType column, given as its value. */
   def getOneLong(key: Long): InternalRow = getOne(longKey(key))
-  // The key row of `getLong`: the store's own (a store serves one task), as a lookup reads its key
-  // only until it returns.
+  // The key row of `getLong`: the store's own, as a lookup reads its key only until it returns
+  // (the generated batch probe, its one caller, has stores of its own task).
   private[this] val longKeyRow = new UnsafeRow(1)
   longKeyRow.pointTo(new Array[Byte](16), 16)
   private def longKey(key: Long): UnsafeRow = {
