@@ -7,6 +7,7 @@ bench/results/ (docs/benchmarks.md says what each measures and what it last meas
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,11 @@ def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     changed = subprocess.run(["git", "diff", "--name-only", "HEAD"], capture_output=True, text=True).stdout.split()
     return (head or "unknown") + (f" +changes to {', '.join(changed)}" if changed else "")
+
+
+def spread(values: list[float], digits: int) -> str:
+    """Repeated runs' figures as a result table shows them: min / median / max."""
+    return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
 
 
 def peak_rss_bytes(pid: int) -> int:

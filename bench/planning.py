@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import outputs, reported_on_fresh_checkpoint
+from bench import outputs, reported_on_fresh_checkpoint, spread
 
 ROWS_PER_BATCH = 50
 #: The micro-batches' first ones, left out of the medians.
@@ -88,10 +88,6 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "sparks_join_planned": "StreamingSymmetricHashJoin" in plan, "output": outputs.observed_output(progress)}
 
 
-def _spread(values: list[float]) -> str:
-    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
-
-
 def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
     """Runs every setting on both chains, `repetitions` times alternating; writes planning.md and planning.json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -128,8 +124,8 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
             runs = [r for r in of_chain if r["run"] == name]
             planning = [r["planning_ms"] for r in runs]
             latency = [r["latency_ms"] for r in runs]
-            lines.append(f"| {chain} | {name} | {_spread(planning)} | {statistics.median(planning) / base_planning:.2f} | "
-                         f"{_spread(latency)} | {statistics.median(latency) / base_latency:.2f} | "
+            lines.append(f"| {chain} | {name} | {spread(planning, 0)} | {statistics.median(planning) / base_planning:.2f} | "
+                         f"{spread(latency, 0)} | {statistics.median(latency) / base_latency:.2f} | "
                          f"{', '.join(runs[-1]['state_operators'])} | {'yes' if runs[-1]['sparks_join_planned'] else 'no'} |")
     equal = all(outputs.equal(r["output"], next(b for b in results if b["chain"] == r["chain"])["output"]) for r in results)
     lines += ["", f"Outputs equal within each chain in every run: {'yes' if equal else 'NO'} ({outputs.COMPARED})."]

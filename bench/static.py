@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import commit as bench_commit, outputs, reported_on_fresh_checkpoint
+from bench import commit as bench_commit, outputs, reported_on_fresh_checkpoint, spread
 
 __all__ = ["SKEWS", "run_static_bench"]
 
@@ -150,10 +150,6 @@ def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f} MB"
 
 
-def _spread(values: list[float], digits: int) -> str:
-    return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
-
-
 def run_static_bench(sf: float, batches: int, repetitions: int, out: Path) -> Path:
     """Runs every skew and configuration `repetitions` times, rotating their order; writes static_sf<sf>.md and .json into `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -198,8 +194,8 @@ def run_static_bench(sf: float, batches: int, repetitions: int, out: Path) -> Pa
             stored = last["umjoin_in_plan"]
             totals = [run["seconds"] for run in of_run]
             batch_ms = [run["median_batch_ms"] for run in of_run]
-            lines.append(f"| {r['skew']:g} | {name} | {'yes' if stored else 'no'} | {_spread(totals, 1)} | {statistics.median(totals) / spark_total:.2f} | "
-                         f"{_spread(batch_ms, 0)} | {statistics.median(batch_ms) / spark_batch:.2f} | {last['output_rows']} | "
+            lines.append(f"| {r['skew']:g} | {name} | {'yes' if stored else 'no'} | {spread(totals, 1)} | {statistics.median(totals) / spark_total:.2f} | "
+                         f"{spread(batch_ms, 0)} | {statistics.median(batch_ms) / spark_batch:.2f} | {last['output_rows']} | "
                          f"{outputs.shown(last['output'])} | {'yes' if all(run['same_output'] for run in of_run) else 'NO'} | "
                          f"{_pct(last['hit_ratio']) if stored else '-'} | "
                          f"{last['cached_keys']} ({100 * last['cached_keys'] / customers:.1f} %) | {_mb(last['cached_bytes']) if stored else '-'} | "

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from bench import commit as bench_commit, outputs
+from bench import commit as bench_commit, outputs, spread
 from umjoin import answers, plans, tpch
 from umjoin.local import temporary_conf
 
@@ -111,20 +111,16 @@ def geometric_mean_converted(results: list[dict[str, Any]]) -> float:
     return statistics.geometric_mean(ratios) if ratios else float("nan")
 
 
-def _spread(runs: list[float]) -> str:
-    return f"{statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})"
-
-
 def _table(threshold: str, results: list[dict[str, Any]]) -> list[str]:
     converted = [r for r in results if r["umjoin_inputs"]]
     unconverted = [r for r in results if not r["umjoin_inputs"]]
     return [
         f"## Broadcast threshold: {threshold}",
         "",
-        "| query | UMJoin inputs | off (s): median (min-max) | on (s): median (min-max) | on/off | joined rows shuffled off / on (MB) | join sorts off / on (s) | same answer | official answer |",
+        "| query | UMJoin inputs | off (s): min / median / max | on (s): min / median / max | on/off | joined rows shuffled off / on (MB) | join sorts off / on (s) | same answer | official answer |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
         *(
-            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {_spread(r['off_runs_s'])} | {_spread(r['on_runs_s'])} | {r['on_off_ratio']:.2f} | "
+            f"| Q{r['query']:02d} | {r['umjoin_inputs'] or '-'} | {spread(r['off_runs_s'], 2)} | {spread(r['on_runs_s'], 2)} | {r['on_off_ratio']:.2f} | "
             f"{r['off_join_work']['intermediate_shuffled_mb']:.1f} / {r['on_join_work']['intermediate_shuffled_mb']:.1f} | "
             f"{r['off_join_work']['join_sort_s']:.2f} / {r['on_join_work']['join_sort_s']:.2f} | "
             f"{'yes' if r['same_answer'] else 'NO'} | {r['official_answer']} |"
