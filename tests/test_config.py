@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -128,48 +129,70 @@ def test_repository_rules_parse(spark: SparkSession) -> None:
     jvm.umjoin.spark.core.tsc.MemberPatterns.parse("streaming.yaml", (REPO_RULES / "streaming.yaml").read_text(), jvm.umjoin.spark.core.tsc.PhysicalPatterns.vocabulary())
 
 
-def _session_outcome(rules_dir: Path, query: str = "SELECT 1") -> subprocess.CompletedProcess[str]:
-    """Starts a fresh Spark (own JVM) with spark.umjoin.rulesDir and prints the query's plan or the error."""
+#: The rules directories the session-start tests use: (name, batch.yaml, streaming.yaml; None for a missing file).
+RULES_DIRS = {
+    "broken": ("plan: logical\nmembers:\n  - node: Joinn\n    role: join\n", None),
+    "missing": ((REPO_RULES / "batch.yaml").read_text(), None),
+    "cross-only": ("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {joinType: [Cross]}\n",
+                   (REPO_RULES / "streaming.yaml").read_text()),
+}
+
+
+@pytest.fixture(scope="module")
+def session_starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Per rules directory of RULES_DIRS: the directory, and what a fresh Spark started with spark.umjoin.rulesDir
+    there printed (TPC-H Q5's plan, or `SESSION FAILED: ` and the error). One process starts the three Sparks one
+    after another (the rules are read when the SparkContext starts; a JVM start and its warm-up cost about 10 s)."""
+    directories = {}
+    for name, (batch, streaming) in RULES_DIRS.items():
+        directory = directories[name] = tmp_path_factory.mktemp(name)
+        (directory / "batch.yaml").write_text(batch)
+        if streaming is not None:
+            (directory / "streaming.yaml").write_text(streaming)
     script = textwrap.dedent(
         f"""
-        import sys
+        import json, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from pyspark import SparkContext
         from conftest import session_builder
         from umjoin import tpch
-        try:
-            spark = session_builder().config("spark.umjoin.rulesDir", {str(rules_dir)!r}).getOrCreate()
-        except Exception as e:
-            print("SESSION FAILED:", e)
-            sys.exit(3)
-        tpch.register(spark, tpch.generate(0.01))
-        spark.conf.set("spark.sql.adaptive.enabled", "false")
-        print(spark.sql({query!r})._jdf.queryExecution().executedPlan().toString())
+        printed = {{}}
+        for name, rules_dir in {({n: str(d) for n, d in directories.items()})!r}.items():
+            try:
+                spark = session_builder().config("spark.umjoin.rulesDir", rules_dir).getOrCreate()
+                tpch.register(spark, tpch.generate(0.01))
+                spark.conf.set("spark.sql.adaptive.enabled", "false")
+                printed[name] = spark.sql({tpch.query_text(5)!r})._jdf.queryExecution().executedPlan().toString()
+            except Exception as e:
+                printed[name] = f"SESSION FAILED: {{e}}"
+            finally:
+                if SparkContext._active_spark_context is not None:
+                    SparkContext._active_spark_context.stop()
+        print(json.dumps(printed))
         """
     )
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-
-
-def test_broken_rules_file_fails_at_session_start(tmp_path: Path) -> None:
-    (tmp_path / "batch.yaml").write_text("plan: logical\nmembers:\n  - node: Joinn\n    role: join\n")
-    outcome = _session_outcome(tmp_path)
-    assert outcome.returncode == 3, outcome.stdout + outcome.stderr
-    assert f"UMJoin rules file {tmp_path / 'batch.yaml'}: member 1: unknown node `Joinn`" in outcome.stdout
-
-
-def test_missing_rules_file_fails_at_session_start(tmp_path: Path) -> None:
-    (tmp_path / "batch.yaml").write_text((REPO_RULES / "batch.yaml").read_text())
-    outcome = _session_outcome(tmp_path)
-    assert outcome.returncode == 3, outcome.stdout + outcome.stderr
-    assert f"UMJoin rules file {tmp_path / 'streaming.yaml'} is missing" in outcome.stdout
-
-
-def test_rules_dir_replaces_the_built_in_rules(tmp_path: Path) -> None:
-    """Rules that admit only cross joins leave TPC-H Q5's inner joins to Spark."""
-    (tmp_path / "batch.yaml").write_text("plan: logical\nmembers:\n  - node: Join\n    role: join\n    when: {joinType: [Cross]}\n")
-    (tmp_path / "streaming.yaml").write_text((REPO_RULES / "streaming.yaml").read_text())
-    outcome = _session_outcome(tmp_path, tpch.query_text(5))
+    outcome = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert outcome.returncode == 0, outcome.stdout + outcome.stderr
-    assert "BroadcastHashJoin" in outcome.stdout and "UMJoin" not in outcome.stdout
+    printed = json.loads(outcome.stdout.strip().splitlines()[-1])
+    return {name: (directories[name], printed[name]) for name in RULES_DIRS}
+
+
+def test_broken_rules_file_fails_at_session_start(session_starts: dict[str, tuple[Path, str]]) -> None:
+    directory, printed = session_starts["broken"]
+    assert printed.startswith("SESSION FAILED:"), printed
+    assert f"UMJoin rules file {directory / 'batch.yaml'}: member 1: unknown node `Joinn`" in printed
+
+
+def test_missing_rules_file_fails_at_session_start(session_starts: dict[str, tuple[Path, str]]) -> None:
+    directory, printed = session_starts["missing"]
+    assert printed.startswith("SESSION FAILED:"), printed
+    assert f"UMJoin rules file {directory / 'streaming.yaml'} is missing" in printed
+
+
+def test_rules_dir_replaces_the_built_in_rules(session_starts: dict[str, tuple[Path, str]]) -> None:
+    """Rules that admit only cross joins leave TPC-H Q5's inner joins to Spark."""
+    _, printed = session_starts["cross-only"]
+    assert "BroadcastHashJoin" in printed and "UMJoin" not in printed, printed
 
 
 def test_missing_jar_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
