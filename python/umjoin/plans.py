@@ -121,7 +121,7 @@ def unconverted_streaming_joins(spark: SparkSession, query: StreamingQuery) -> l
     connect.classic_only(spark, "umjoin.plans.unconverted_streaming_joins",
                          "the server logs each reason once per query run at INFO (logger umjoin.spark)")
     inspection = spark._jvm.umjoin.spark.PlanInspection
-    return list(json.loads(inspection.unconvertedStreamingJoins(str(query.runId))))
+    return list(json.loads(inspection.unconvertedStreamingJoins(query._jsq)))
 
 
 def why_not(df: DataFrame) -> list[str]:

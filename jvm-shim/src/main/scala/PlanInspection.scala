@@ -1,7 +1,5 @@
 package umjoin.spark
 
-import java.util.UUID
-
 import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
@@ -11,10 +9,12 @@ import org.apache.spark.sql.catalyst.trees.TreeNode
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.QueryExecution
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
+import org.apache.spark.sql.execution.umjoin.ActiveQueries
 
 import umjoin.spark.batch.{BatchUMJoinStrategy, InputLabels}
 import umjoin.spark.core.tsc.{LogicalPatterns, MultiJoin, TwoStepConvert}
-import umjoin.spark.streaming.StreamingRegistry
+import umjoin.spark.streaming.StreamingRun
 
 /** What the Python side asks the JVM about plans and probe orders; every answer is JSON. */
 object PlanInspection {
@@ -79,12 +79,13 @@ object PlanInspection {
     }.toList)
 
   /**
-   * Why joins of a streaming query run stayed as Spark planned them (`StreamingQuery.runId`): a
-   * JSON array of messages.
+   * Why joins of a streaming query run (running or ended) stayed as Spark planned them: a JSON
+   * array of messages.
    */
-  def unconvertedStreamingJoins(runId: String): String =
-    compact(render(
-      JArray(StreamingRegistry.unconverted(UUID.fromString(runId)).map(JString(_)).toList)))
+  def unconvertedStreamingJoins(query: StreamingQueryWrapper): String = {
+    val run = StreamingRun.existing(ActiveQueries.sessionOf(query.streamingQuery))
+    compact(render(JArray(run.toSeq.flatMap(_.unconverted).map(JString(_)).toList)))
+  }
 
   /**
    * Runs both TSC steps on a logical plan with the session's batch member patterns, without any

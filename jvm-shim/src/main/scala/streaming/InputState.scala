@@ -315,18 +315,17 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
  */
 object CommittedRowCounts {
   final case class Key(checkpoint: String, operator: Long, partition: Int, input: Int)
-  private def counts = StreamingRegistry.committedRows
+  // A count dropped (queries come and go) only costs a probe of the store.
+  private val counts = new LeastRecentlyUsed[Key, (Long, Long)](maxEntries = 100000)
 
   def record(info: StatefulOperatorStateInfo, partition: Int, input: Int, version: Long,
-      rows: Long): Unit = {
-    // queries come and go; a forgotten count only costs a probe of the store
-    if (counts.size > 100000) counts.clear()
-    counts.put(Key(info.checkpointLocation, info.operatorId, partition, input), (version, rows))
-  }
+      rows: Long): Unit =
+    counts.update(Key(info.checkpointLocation, info.operatorId, partition, input),
+      _ => (version, rows))
 
   /** The rows of the version this micro-batch reads, if this executor committed it. */
   def of(info: StatefulOperatorStateInfo, partition: Int, input: Int): Option[Long] =
-    Option(counts.get(Key(info.checkpointLocation, info.operatorId, partition, input))).collect {
+    counts.get(Key(info.checkpointLocation, info.operatorId, partition, input)).collect {
       case (version, rows) if version == info.storeVersion => rows
     }
 }

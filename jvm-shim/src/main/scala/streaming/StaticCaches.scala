@@ -17,15 +17,16 @@ import umjoin.spark.core.store.{JoinStore, SmallStore}
 
 /**
  * What an executor keeps in memory of the stored static tables of running StreamingUMJoins
- * (spark.umjoin.staticCache), per query run, operator, partition and input, in
- * [[StreamingRegistry]]. A cache holds rows of one load of the table ([[StaticVersions]]'s
- * generation) and is dropped when a later load replaces it, when its query stops (on the driver's
- * JVM), or after ten idle minutes.
+ * (spark.umjoin.staticCache), per query run, operator, partition and input. A cache holds rows of
+ * one load of the table ([[StaticVersions]]'s generation) and is dropped when a later load
+ * replaces it, after ten idle minutes (an executor never hears that a query ended), and, the least
+ * recently used first, when the caches of the executor would hold more than a tenth of its heap.
  */
 object StaticCaches {
   final case class Key(runId: UUID, operatorId: Long, partition: Int, input: Int)
-  private def caches = StreamingRegistry.staticCaches
   private val IdleMs = 10L * 60 * 1000
+  private val caches = new LeastRecentlyUsed[Key, StaticInputCache](maxEntries = Int.MaxValue,
+    maxWeight = Runtime.getRuntime.maxMemory / 10, weight = _.cachedBytes)
 
   /**
    * The cache of load `generation` of the input's table in this partition, empty if there is none
@@ -34,9 +35,11 @@ object StaticCaches {
   def of(info: StatefulOperatorStateInfo, partition: Int, input: Int, generation: Long,
       create: => StaticInputCache): StaticInputCache = {
     val now = System.currentTimeMillis()
-    caches.values.removeIf(_.idleSince(now) > IdleMs)
-    val cache = caches.compute(Key(info.queryRunId, info.operatorId, partition, input),
-      (_, old) => if (old != null && old.generation == generation) old else create)
+    caches.removeIf(_.idleSince(now) > IdleMs)
+    val cache = caches.update(Key(info.queryRunId, info.operatorId, partition, input), {
+      case Some(old) if old.generation == generation => old
+      case _ => create
+    })
     cache.touch(now)
     cache
   }
@@ -44,9 +47,8 @@ object StaticCaches {
   /** The cache of that load, if this executor has one (for its metrics). */
   def existing(info: StatefulOperatorStateInfo, partition: Int, input: Int,
       generation: Long): Option[StaticInputCache] =
-    Option(caches.get(Key(info.queryRunId, info.operatorId, partition, input)))
+    caches.get(Key(info.queryRunId, info.operatorId, partition, input))
       .filter(_.generation == generation)
-
 }
 
 /**

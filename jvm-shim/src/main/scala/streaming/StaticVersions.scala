@@ -18,9 +18,11 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
  *
  * Each load gets a number no other load of this driver has (`generation`): what an executor keeps
  * in memory of a stored table ([[StaticCaches]]) is valid for one load only. The last loads are
- * kept in the query run's [[StreamingRegistry.Run]].
+ * kept in the query run's [[StreamingRun]].
  */
 object StaticVersions {
+  // Numbers no other load of a static table in this driver has: a cache is valid for one load only.
+  private val generations = new java.util.concurrent.atomic.AtomicLong()
 
   /** What a static table's rows depend on. */
   final case class Fingerprint private[StaticVersions] (plan: SparkPlan,
@@ -49,9 +51,9 @@ object StaticVersions {
    * foreachBatch sink running its data frame twice) decides as it did the first time, unless the
    * table changed in between.
    */
-  def decide(info: StatefulOperatorStateInfo, input: Int, child: SparkPlan,
+  def decide(run: StreamingRun, info: StatefulOperatorStateInfo, input: Int, child: SparkPlan,
       hadoopConf: Configuration): Decision = {
-    val loaded = StreamingRegistry.run(info.queryRunId, child.session.sparkContext).staticLoads
+    val loaded = run.staticLoads
     val key = (info.operatorId, input)
     val now = fingerprint(child, hadoopConf)
     val previous = Option(loaded.get(key))
@@ -60,7 +62,7 @@ object StaticVersions {
           info.storeVersion > before.storeVersion =>
         Decision(load = false, before.generation)
       case _ =>
-        val generation = StreamingRegistry.nextGeneration()
+        val generation = generations.incrementAndGet()
         // A table that cannot be fingerprinted (a file vanished) is loaded in every batch, and
         // never counted unchanged.
         now match {

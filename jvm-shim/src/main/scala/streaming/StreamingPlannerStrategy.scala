@@ -66,7 +66,7 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
    * (read once per run).
    */
   private def startOf(ie: IncrementalExecution): (Long, Map[Long, String]) = {
-    val started = StreamingRegistry.run(ie.runId, session.sparkContext).started
+    val started = StreamingRun.of(session, ie.runId).started
     started.compareAndSet(null, (ie.currentBatchId,
       OperatorCheckpoint.operatorsIn(ie.checkpointLocation, session.sessionState.newHadoopConf())))
     started.get

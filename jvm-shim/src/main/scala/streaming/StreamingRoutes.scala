@@ -25,7 +25,7 @@ final class ProbeCountersAccumulator(inputs: Int)
 
 /**
  * The probe routes of streaming UMJoins, kept on the driver across micro-batches in their query
- * run's [[StreamingRegistry.Run]] (per operator; a restart begins again from the plan's routes).
+ * run's [[StreamingRun]] (per operator; a restart begins again from the plan's routes).
  * With an adaptive policy, before each batch runs the previous batch's counters become one cycle of
  * statistics, and once `periodMs` has passed since the last choice the policy chooses every
  * stream's route again from the forecast; with the fixed order the plan's routes stay.
@@ -41,7 +41,7 @@ object StreamingRoutes {
    * changed; `planned` are the plan's routes, one per start input, along `graph`'s edges. Key
    * counts are per partition: a probe reads one partition's store.
    */
-  def next(run: StreamingRegistry.Run,
+  def next(run: StreamingRun,
       operatorId: Long, graph: ProbeGraph, planned: Map[Int, Route], settings: ProbeOrderSettings,
       cost: CostModel, partitions: Int): (Map[Int, Route], Int) = {
     val now = System.currentTimeMillis()
@@ -64,7 +64,7 @@ object StreamingRoutes {
   }
 
   /** The counters the micro-batch now running fills, read when the next one is planned. */
-  def collect(run: StreamingRegistry.Run, operatorId: Long,
+  def collect(run: StreamingRun, operatorId: Long,
       accumulator: ProbeCountersAccumulator): Unit =
     run.routes.get(operatorId).foreach(e => e.synchronized { e.pending = Some(accumulator) })
 }

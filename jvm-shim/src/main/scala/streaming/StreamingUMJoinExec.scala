@@ -287,6 +287,7 @@ case class StreamingUMJoinExec(
     val outputs = children.map(_.output).toIndexedSeq
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
+    val run = StreamingRun.of(session, info.queryRunId)
     checkpoint.recordLayout(layout, graph, outputs, inputLabels)
     if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
 
@@ -299,8 +300,7 @@ case class StreamingUMJoinExec(
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
-    val (allRoutes, changed) = StreamingRoutes.next(
-      StreamingRegistry.run(info.queryRunId, sparkContext), info.operatorId, probeGraph,
+    val (allRoutes, changed) = StreamingRoutes.next(run, info.operatorId, probeGraph,
       layout.routes, probeOrder, cost, partitions)
     // A semi join's stream starts no route: its rows only let combinations through, at their first
     // match.
@@ -309,7 +309,7 @@ case class StreamingUMJoinExec(
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
-      StreamingRoutes.collect(StreamingRegistry.run(info.queryRunId, sparkContext),
+      StreamingRoutes.collect(run,
         info.operatorId, accumulator)
       accumulator
     }
@@ -317,7 +317,7 @@ case class StreamingUMJoinExec(
     // Stored static tables: loaded into their stores in this batch, or probed there.
     val staticLoads =
       layout.kinds.indices.filter(layout.kinds(_) == InputKind.StaticStored).map { j =>
-        val decision = StaticVersions.decide(info, j, children(j), hadoopConf)
+        val decision = StaticVersions.decide(run, info, j, children(j), hadoopConf)
         if (decision.load) metric(OperatorMetrics.StaticLoads, j) += 1
         j -> decision
       }.toMap
@@ -358,7 +358,7 @@ case class StreamingUMJoinExec(
       .filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
         val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator,
           metric(OperatorMetrics.EarlierSliceRows, j))
-        StreamingRegistry.run(info.queryRunId, sparkContext).sliceDrains
+        run.sliceDrains
           .put((info.operatorId, j), drain)
         j -> drain
       }.toMap
@@ -377,7 +377,7 @@ case class StreamingUMJoinExec(
         sliced.map(j => j -> metric(OperatorMetrics.SliceCombinations, j)).toMap,
         sliced.map(j => j -> metric(OperatorMetrics.SliceProbeNanos, j)).toMap,
         metric(OperatorMetrics.ShipNanos))
-      StreamingRegistry.run(info.queryRunId, sparkContext).sliceCosts.put(info.operatorId,
+      run.sliceCosts.put(info.operatorId,
         SliceCosts(info.storeVersion,
           sliced.map(j => j -> layout.timeSlices(j).get.slices).toMap, partitions, measured,
           sliced.map(j => j -> metric(OperatorMetrics.ConditionChecks, j)).toMap,

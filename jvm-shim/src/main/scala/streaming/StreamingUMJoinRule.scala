@@ -108,8 +108,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     if (stateful.isEmpty && microBatch.isDefined && adaptive) {
       if (UMJoinConf.from(session.sessionState.conf).enabled &&
           plan.exists(_.isInstanceOf[BaseJoinExec]) &&
-          StreamingRegistry.firstNote(microBatch.get.runId, session.sparkContext,
-            StreamingUMJoinRule.AdaptiveStreamStatic))
+          StreamingRun.of(session, microBatch.get.runId)
+            .firstNote(StreamingUMJoinRule.AdaptiveStreamStatic))
         logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
       plan
     } else if (stateful.isEmpty && microBatch.isEmpty) plan
@@ -122,8 +122,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
         microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1,
           session.sessionState.conf.numShufflePartitions))
-      def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
-        session.sparkContext, message)) logInfo(s"UMJoin: $message")
+      def unconverted(message: String): Unit =
+        if (StreamingRun.of(session, runId).firstNote(message)) logInfo(s"UMJoin: $message")
       val measure = measuredOnce(identity)
       val mismatched = mutable.Map[Long, String]()
       val accepted =
@@ -189,8 +189,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       runId: java.util.UUID, runnable: SparkPlan => SparkPlan, inputWatermark: Option[Long])
       : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
-    def unconverted(message: String): Unit = if (StreamingRegistry.firstNote(runId,
-      session.sparkContext, message)) logInfo(s"UMJoin: $message")
+    def unconverted(message: String): Unit =
+      if (StreamingRun.of(session, runId).firstNote(message)) logInfo(s"UMJoin: $message")
     val measure = measuredOnce(runnable)
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
@@ -379,10 +379,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     val ranOnItsOwn =
       stateful.zipWithIndex.collect { case (j, k) if j.stateInfo.isDefined => (j.stateInfo.get, k) }
         .filter { case (s, k) =>
-        lazy val written = StreamingRegistry.run(s.queryRunId,
-          session.sparkContext).writtenBefore.computeIfAbsent(s.operatorId,
-            _ => OperatorCheckpoint.writtenBy(new OperatorCheckpoint(s,
-              session.sessionState.newHadoopConf())))
+        lazy val written = StreamingRun.of(session, s.queryRunId).writtenBefore
+          .computeIfAbsent(s.operatorId, _ => OperatorCheckpoint.writtenBy(
+            new OperatorCheckpoint(s, session.sessionState.newHadoopConf())))
         s.storeVersion > 0 && (written.sparkJoin || k > 0 && written.umjoin)
       }.map(_._1)
     if (streams.isEmpty) Left("it reads no stream")
@@ -518,8 +517,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         // before measured (PSP's model, paper 004: SliceCount).
         val cores = session.sparkContext.defaultParallelism
         val firstSlices = timeSlices.getOrElse(cores).min(info.numPartitions)
-        val registry = StreamingRegistry.run(info.queryRunId, session.sparkContext)
-        val measured = Option(registry.sliceCosts.get(info.operatorId))
+        val run = StreamingRun.of(session, info.queryRunId)
+        val measured = Option(run.sliceCosts.get(info.operatorId))
         def slices(i: Int, current: TimeSlicing): Int =
           timeSlices.map(_.min(info.numPartitions)).getOrElse {
             measured.flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { costs =>
@@ -535,7 +534,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
               count
             }
           }
-        def drained(i: Int): Boolean = Option(registry.sliceDrains.get((info.operatorId, i)))
+        def drained(i: Int): Boolean = Option(run.sliceDrains.get((info.operatorId, i)))
           .exists(_.drainedBefore(info.storeVersion, info.numPartitions))
         def reported(i: Int): Option[SlicedRows] =
           measured.flatMap(_.rowsBefore(info.storeVersion, i))
@@ -806,16 +805,16 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
         s" keeps its routes instead of choosing them by ${conf.probeOrder.policy.name}" +
         ": its outer or semi join's non-preserved side is probed last in every route"
-      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message,
-        unconverted = false)) logInfo(s"UMJoin: $message")
+      if (StreamingRun.of(session, info.queryRunId).firstNote(message, unconverted = false))
+        logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
       val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
         s" keeps its recorded routes instead of choosing them by ${conf.probeOrder.policy.name}" +
         (": its checkpoint's state was laid out for the fixed probe order; use a new checkpoint " +
           "location to probe adaptively")
-      if (StreamingRegistry.firstNote(info.queryRunId, session.sparkContext, message,
-        unconverted = false)) logInfo(s"UMJoin: $message")
+      if (StreamingRun.of(session, info.queryRunId).firstNote(message, unconverted = false))
+        logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     }
     // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else

@@ -12,4 +12,7 @@ object ActiveQueries {
   /** The running query with this id, in any session of the application. */
   def byId(session: SparkSession, queryId: UUID): Option[StreamExecution] =
     Option(session.sharedState.activeStreamingQueries.get(queryId))
+
+  /** The session a query run plans and runs its micro-batches in (its own clone). */
+  def sessionOf(execution: StreamExecution): SparkSession = execution.sparkSessionForStream
 }
