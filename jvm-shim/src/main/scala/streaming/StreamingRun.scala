@@ -7,7 +7,10 @@ import java.util.concurrent.atomic.AtomicReference
 import scala.collection.concurrent.TrieMap
 import scala.collection.mutable
 
+import org.apache.spark.SparkContext
+import org.apache.spark.scheduler.{SparkListener, SparkListenerEvent}
 import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.streaming.StreamingQueryListener
 
 /**
  * What the StreamingUMJoins of one query run keep on the driver between micro-batches, outside
@@ -57,6 +60,19 @@ final class StreamingRun(val runId: UUID) {
     notes.synchronized(notes.add((message, unconverted)))
 
   /**
+   * Drops, when the query ends, what refers to its plans: a static table's load keeps one, and a
+   * plan keeps the session the run's entry is keyed by (the rest goes with the query object).
+   */
+  private def dropPlansAtEnd(sc: SparkContext): Unit = sc.addSparkListener(new SparkListener {
+    override def onOtherEvent(event: SparkListenerEvent): Unit = event match {
+      case ended: StreamingQueryListener.QueryTerminatedEvent if ended.runId == runId =>
+        staticLoads.clear()
+        sc.removeSparkListener(this)
+      case _ =>
+    }
+  })
+
+  /**
    * What stayed as Spark planned it in the run, and why (the notes logged at INFO), in the order
    * first seen.
    */
@@ -76,6 +92,7 @@ object StreamingRun {
     if (run != null && run.runId == runId) run
     else {
       val started = new StreamingRun(runId)
+      started.dropPlansAtEnd(session.sparkContext)
       bySession.put(session, started)
       started
     }
