@@ -7,33 +7,34 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{Partitioner, ShuffleDependency, SparkContext, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, BoundReference,
-  Expression, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, Expression,
+  UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
-import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter,
   SQLShuffleWriteMetricsReporter}
 import org.apache.spark.unsafe.Platform
 
-import org.apache.spark.sql.execution.umjoin.{PagedStore, ShuffleWrites}
+import org.apache.spark.sql.execution.umjoin.ShuffleWrites
 import umjoin.spark.batch.UMJoinExec
-import umjoin.spark.core.GeneratedCode
 import umjoin.spark.core.cost.ProbeCounters
-import umjoin.spark.core.probe.{CompiledRoute, ProbeCore, Route, StoreIndex, StreamPadding}
+import umjoin.spark.core.probe.{CompiledRoute, ProbeCore, Route, StreamPadding}
 import umjoin.spark.core.store.JoinStore
 
 /**
  * One task of one stage of a micro-batch (see [[StreamingUMJoinExec]]). Stage 0 starts the routes
  * from the batch's new rows of every stream, stage s > 0 continues the partial combinations stage
  * s - 1 shipped to this partition; each runs its routes' steps until a step needs another
- * partition, then ships the combination there (to one partition, or all). The last stage writes the
- * batch's new rows into the stores, evicts what can no longer join, and commits.
+ * partition, then ships the combination there ([[ShipAddresses]]: to one partition, or all). The
+ * last stage writes the batch's new rows into the stores, evicts what can no longer join, and
+ * commits. Outer joins' padded combinations are rescanned from the stored rows when due
+ * ([[OuterPadding]]); semi joins' waiting combinations are settled by [[SemiJoinSettling]].
  *
- * Stores are read as the previous batch committed them; this batch's new rows of an input are
- * indexed in memory from the input's partition and seen by routes that start at a later input.
- * `committed` reports the stores the last stage committed (the operator's state metrics).
+ * Stores are read as the previous batch committed them ([[StageStores]]); this batch's new rows of
+ * an input are indexed in memory from the input's partition and seen by routes that start at a
+ * later input. `committed` reports the stores the last stage committed (the operator's state
+ * metrics).
  */
 private[streaming] final class StageTask(
     job: MicroBatchJob,
@@ -51,119 +52,9 @@ private[streaming] final class StageTask(
   private val partition = context.partitionId()
   private val isLast = stage == job.stageCount - 1
   private val counters = statistics.map(_ => new ProbeCounters(job.kinds.size))
-  private val visible: Long => Boolean = job.stateTtlMs match {
-    case Some(ttl) => storedAt => storedAt > job.nowMs - ttl
-    case None => _ => true
-  }
-  // A stored static table's rows never expire: the table is loaded again when it changes.
-  private def visibleIn(j: Int): Long => Boolean =
-    if (job.kinds(j) == InputKind.Stream) visible else _ => true
-
-  // The stores of the streams and stored tables: written (and read) in the last stage, read-only
-  // before it.
-  private val writers = mutable.Map[Int, InputStateWriter]()
-  private val readers = mutable.Map[Int, InputState]()
-  private def writerOf(j: Int): InputStateWriter =
-    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs,
-      hadoopConf, visibleIn(j), context))
-  private def stateOf(j: Int): InputState =
-    if (isLast) writerOf(j).state
-    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs,
-      hadoopConf, visibleIn(j), context))
-
-  /**
-   * The input's rows of this batch in this partition that can be in a result: not late, and no NULL
-   * in a key that rejects it (a row of an outer join's preserved side is kept whatever its ON key).
-   */
-  private def fresh(j: Int, late: Option[SQLMetric]): Iterator[InternalRow] = {
-    val isLate = job.lateRows(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
-    val keys = GeneratedCode.projection(job.keysRejectingNull(j), job.outputs(j))
-    read(j).filter { row =>
-      val dropped = isLate.exists(_.eval(row))
-      if (dropped) late.foreach(_ += 1)
-      !dropped && !keys(row).anyNull
-    }
-  }
-
-  /** `rows` of input j indexed in memory by each of `indexes`, as the probe loop looks them up. */
-  private def indexInMemory(j: Int, rows: Iterator[InternalRow],
-      indexes: Seq[StoreIndex]): Map[StoreIndex, JoinStore] = {
-    val keys = indexes.map(_.classes.map(cl =>
-      BindReferences.bindReference(job.keyOf(j, cl), job.outputs(j))))
-    val stores = PagedStore.build(rows, keys.map(UMJoinExec.hashable), job.outputs(j), context)
-    metrics.memoryIndexBytes += stores.map(_.sizeInBytes).sum
-    indexes.zip(stores).zip(keys).map { case ((index, store), key) =>
-      index -> StageTask.keyedAsBuilt(store, key) }.toMap
-  }
-
-  // In-memory indexes, built when first probed: this batch's new rows of streams, and static
-  // tables.
-  private val probed = job.probesIn(stage)
-  private val memoryIndexes = mutable.Map[Int, Map[StoreIndex, JoinStore]]()
-  private def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
-    // (An outer input's new rows are looked up by every route: a combination is padded only if none
-    // matches.)
-    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream ||
-        j < start || job.graph.outer.contains(j) => ix }.distinct
-    val rows = job.kinds(j) match {
-      case InputKind.Stream => fresh(j, None)
-      case InputKind.StaticBroadcast => broadcastRows(j).iterator
-      case InputKind.StaticPartitioned | InputKind.StaticStored => read(j)
-    }
-    indexInMemory(j, rows, indexes)
-  })(index)
-
-  // A stream's stored rows, read into memory once where this partition holds few of them
-  // (spark.umjoin.stateCacheRows): most probes of a multi-way join find nothing, and a hash lookup
-  // costs far less than a seek in the state store's LSM-tree. The committed version is read, before
-  // the last stage writes this batch's rows.
-  private val cachedState = mutable.Map[Int, Option[Map[StoreIndex, JoinStore]]]()
-  private def stored(j: Int, index: StoreIndex): JoinStore = cachedState.getOrElseUpdate(j, {
-    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows)
-      .map { n =>
-        metrics.cachedStateRows += n
-        indexInMemory(j, stateOf(j).visibleRows(),
-          probed.collect { case (_, `j`, ix) => ix }.distinct)
-      }
-  }).map(_(index)).getOrElse(stateOf(j).storeFor(index))
-
-  // A stored static table between its loads: its stores, through what this executor caches of them.
-  private def staticCacheOf(j: Int): StaticInputCache = {
-    val spec = job.states(j)
-    val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
-    StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation,
-      new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
-        StoreIndex.single(spec.partitionClass),
-        spec.allIndexes.map { case (ix, keys) =>
-          ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
-        masterRowBytes, streamRowBytes))
-  }
-  private val staticViews = mutable.Map[(Int, StoreIndex), JoinStore]()
-  private def staticStored(j: Int,
-      index: StoreIndex): JoinStore = staticViews.getOrElseUpdate((j, index), {
-    val m = metrics.static(j)
-    staticCacheOf(j).view(index, stateOf(j).storeFor(index), () => stateOf(j).visibleRows(),
-      m.hits, m.misses)
-  })
-
-  /**
-   * The delta rule: later starts see this batch's rows; a rescan sees none (its combinations have
-   * no new row).
-   */
-  private def seesNewRows(partial: Shipped.Partial, input: Int): Boolean = partial match {
-    case Shipped.NewRows(start) => input < start
-    case Shipped.Rescan(_) => false
-  }
-
-  /** The store a partial combination probes input `input` through `index` with. */
-  private def storeFor(partial: Shipped.Partial, input: Int,
-      index: StoreIndex): JoinStore = job.kinds(input) match {
-    case InputKind.Stream if seesNewRows(partial, input) =>
-      new StageTask.Both(stored(input, index), inMemory(input, index))
-    case InputKind.Stream => stored(input, index)
-    case InputKind.StaticStored if !job.loads(input) => staticStored(input, index)
-    case _ => inMemory(input, index)
-  }
+  private val stores = new StageStores(job, stage, context, read, broadcastRows, metrics,
+    storeConfs, hadoopConf, counters)
+  import stores.{fresh, inMemory, indexInMemory, seesNewRows, stateOf, storeFor}
 
   // The semi joins' waiting combinations, and the semi joins this stage settles.
   private val settling = new SemiJoinSettling(job, stage, partition, metrics,
@@ -275,36 +166,7 @@ private[streaming] final class StageTask(
       }
       if (copied) envelope.getRow.copy() else envelope.getRow
     }
-    /**
-     * The partition of a row of `attributes` whose store is partitioned by `key` (the one Spark's
-     * shuffle of that key gives it).
-     */
-    def partitionOf(key: Expression, attributes: Seq[Attribute]): UnsafeProjection =
-      UnsafeProjection.create(
-        Seq(HashPartitioning(Seq(key), job.partitions).partitionIdExpression), attributes)
-    val targets = mutable.Map[Shipped.Partial, UnsafeProjection]()
-    def targetOf(partial: Shipped.Partial, segment: Route.Segment,
-        keyClass: Int): UnsafeProjection =
-        targets.getOrElseUpdate(partial, {
-      val bound = job.boundBy(partial, segment.until + 1)
-      val value = bound.flatMap(x => job.graph.classes(keyClass).keyOf(x)).head
-      partitionOf(value, bound.flatMap(job.outputs))
-    })
-    // Into a store spread by time slice: to the partitions of the slices the combination's time
-    // range overlaps.
-    val slicesOf = mutable.Map[Shipped.Partial, Option[(Int, SliceWindow, UnsafeProjection)]]()
-    def sliceTargets(partial: Shipped.Partial,
-        segment: Route.Segment): Option[(Int, SliceWindow, UnsafeProjection)] =
-        slicesOf.getOrElseUpdate(partial, {
-      val run = job.planOf(partial)
-      val bound = job.boundBy(partial, segment.until + 1)
-      val input = run.steps(segment.until).input
-      job.slices.get(input).map { window =>
-        val known = window.copy(bounds = window.bounds.filter(b => bound.contains(b.input)))
-        (input, known,
-          UnsafeProjection.create(known.bounds.map(_.time), bound.flatMap(job.outputs)))
-      }
-    })
+    val addresses = new ShipAddresses(job)
     val all = 0 until job.partitions
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the
     // stage that settles them.
@@ -312,10 +174,6 @@ private[streaming] final class StageTask(
       (partition, wrap(Shipped.Unmatched(semi), row)) }
     // The semi joins settled here: their result rows go on to the last stage, the combinations they
     // let through to the next semi join's partition.
-    val semiTargets = mutable.Map[Int, UnsafeProjection]()
-    def semiTargetOf(semi: UnmatchedSpec): UnsafeProjection =
-      semiTargets.getOrElseUpdate(semi.nonPreserved,
-        partitionOf(semi.spec.partitionKey, semi.spec.output))
     val settled = () => if (!settling.settlesAny) Iterator.empty else {
       val (results, onward) = settling.settle()
       settling.commit()
@@ -323,7 +181,7 @@ private[streaming] final class StageTask(
       results.iterator.map(row => (partition, wrap(Shipped.Result, row))) ++
         onward.iterator.map { case (k, combination) =>
           val semi = job.unmatched(k)
-          (semiTargetOf(semi)(combination).getInt(0),
+          (addresses.ofSemi(semi)(combination).getInt(0),
             wrap(Shipped.PassedOn(semi.nonPreserved), combination))
         }
     }
@@ -340,15 +198,15 @@ private[streaming] final class StageTask(
         segment.next match {
           case Some(Route.Reach.ByKey(keyClass)) =>
             metrics.shipped += 1
-            Iterator.single((targetOf(partial, segment, keyClass)(row).getInt(0),
+            Iterator.single((addresses.byKey(partial, segment, keyClass)(row).getInt(0),
               wrap(partial, row)))
           case _ =>
             val wrapped = wrap(partial, row)
-            val targets =
-              sliceTargets(partial, segment).fold(all.iterator) { case (input, window, times) =>
+            val targets = addresses.bySlice(partial, segment).fold(all.iterator) {
+              case (input, window, times) =>
                 metrics.sliceCosts.foreach(_.combinations(input) += 1)
                 window.partitionsFor(times(row))
-              }
+            }
             targets.map { p =>
               metrics.shipped += 1
               (p, wrapped)
@@ -386,77 +244,11 @@ private[streaming] final class StageTask(
   }
 
   private def finish(): Unit = {
-    job.stored.foreach { j =>
-      val writer = writerOf(j)
-      def store(rows: Iterator[InternalRow]): Unit = rows.foreach { row =>
-        writer.put(row, job.nowMs)
-        metrics.updated += 1
-      }
-      job.kinds(j) match {
-        case InputKind.Stream =>
-          // A sliced stream's event times are reported from the scan that evicts rows: those of the
-          // rows it keeps, and of those among them stored in this batch (a late row evicted at once
-          // is no measure of the rate rows come at). The next batch's slicing is cut past the
-          // former, balanced by both's rates.
-          val times = metrics.slicedRows.get(j).map { accumulator =>
-            (accumulator, eventTimeOf(j))
-          }
-          val stored = new EventTimes.Counter
-          val arrived = new EventTimes.Counter
-          store(fresh(j, Some(metrics.droppedLate)))
-          val evict = job.evictable(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
-          if (job.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
-            metrics.removed += writer.removeWhere { (storedAt, row) =>
-              val gone = !visible(storedAt) || evict.exists(_.eval(row))
-              times.foreach { case (_, time) =>
-                val t = time(row)
-                if (!gone && !t.isNullAt(0)) {
-                  stored.add(t.getLong(0))
-                  if (storedAt == job.nowMs) arrived.add(t.getLong(0))
-                }
-              }
-              gone
-            }
-          }
-          times.foreach { case (accumulator, _) =>
-            accumulator.add(SlicedRows(Set(partition), stored.times, arrived.times)) }
-        case _ if job.loads(j) =>
-          metrics.removed += writer.removeWhere((_, _) => true)
-          store(fresh(j, None))
-        case _ =>
-          val cache = staticCacheOf(j)
-          cache.endBatch(writer.state.storeFor(StoreIndex.single(job.states(j).partitionClass)))
-          metrics.static(j).cachedKeys += cache.cachedKeys
-          metrics.static(j).cachedBytes += cache.cachedBytes
-      }
-      // Counted before the commit: a committed RocksDB store can no longer be read in this task.
-      metrics.sliceDrains.get(j).foreach { drain =>
-        val window = job.slices(j)
-        val time = eventTimeOf(j)
-        drain.earlierPlaced += writer.state.visibleRows().count { row =>
-          val t = time(row)
-          !t.isNullAt(0) && window.placement(t.getLong(0)) != partition
-        }
-        drain.partitionsCounted.add(1)
-      }
-      writer.commit()
-      metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
-      CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
-      metrics.stateRows(j) += writer.rowCount
-      metrics.indexEntries(j) += writer.indexEntryCount
-      if (writer.rowCount > 0) metrics.slicePartitions.get(j).foreach(_ += 1)
-      metrics.inputs(j).storeSize += writer.memoryBytes
-      counters.foreach(_.stored(j) = writer.rowCount)
-    }
+    job.stored.foreach(stores.writeAndCommit)
     settling.commit()
-    committed(writers.toSeq.sortBy(_._1).map(_._2) ++ settling.writers)
+    committed(stores.written ++ settling.writers)
     report()
   }
-
-  /** A time-sliced stream's event time, read from its stored rows. */
-  private def eventTimeOf(j: Int): UnsafeProjection =
-    GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child),
-      job.outputs(j))
 
   private def report(): Unit = statistics.foreach(accumulator => counters.foreach(accumulator.add))
 }
