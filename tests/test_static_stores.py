@@ -5,6 +5,7 @@ join and against the join computed here row by row, phase by phase, with the tab
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -223,6 +224,37 @@ def test_a_restart_loads_the_table_again_and_writes_every_row_once(spark: SparkS
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert loads == [1, 1]
     assert rows == expected_join(phases) and len(rows) > 0
+
+
+def test_what_a_query_run_keeps_on_the_driver_goes_with_the_query(spark: SparkSession, tmp_path: Path) -> None:
+    """What a run's StreamingUMJoins keep between micro-batches (its StreamingRun: notes, routes, a stored table's
+    load) is held for the session Spark runs the query's micro-batches in, and does not keep that session: once the
+    query ended and its object is dropped, the session is collected (a stored table's load keeps a plan, which
+    keeps the session: the load goes when the query ends)."""
+    rng = random.Random(5)
+    (tmp_path / "t").mkdir()
+    write_table(tmp_path / "t" / "t.csv", random_table(rng), 2_000_000)
+    x_rows, y_rows = phase_data(rng)
+    write_batches(tmp_path / "x", X_COLUMNS, [x_rows])
+    write_batches(tmp_path / "y", Y_COLUMNS, [y_rows])
+    jvm = spark._jvm  # type: ignore[union-attr]
+    with temporary_conf(spark, {**SETTINGS, "spark.umjoin.staticCache": "ssbj"}):
+        t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+        frame = join(stream(spark, tmp_path / "x", X_COLUMNS), stream(spark, tmp_path / "y", Y_COLUMNS), t)
+        query = frame.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+        query.awaitTermination()
+    assert "static, stored" in executed_plan(query), executed_plan(query)
+    session = query._jsq.streamingQuery().sparkSessionForStream()
+    assert jvm.umjoin.spark.streaming.StreamingRun.existing(session).isDefined()
+    collected = jvm.java.lang.ref.WeakReference(session)
+    del query, session, frame, t
+    gc.collect()  # (py4j then lets the JVM's references go)
+    deadline = time.time() + 30
+    # (refersTo, not get: what get returns py4j would hold on to)
+    while not collected.refersTo(None) and time.time() < deadline:
+        jvm.java.lang.System.gc()
+        time.sleep(0.5)
+    assert collected.refersTo(None), "the query run's session was kept after the query ended and was dropped"
 
 
 @pytest.mark.parametrize("why", ["nondeterministic", "staticTables=reread"])
