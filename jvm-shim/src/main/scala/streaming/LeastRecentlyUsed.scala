@@ -26,6 +26,4 @@ final class LeastRecentlyUsed[K, V](maxEntries: Int, maxWeight: Long = Long.MaxV
   }
 
   def removeIf(gone: V => Boolean): Unit = synchronized(entries.values.removeIf(v => gone(v)))
-
-  def size: Int = synchronized(entries.size)
 }

@@ -21,7 +21,6 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
  * kept in the query run's [[StreamingRun]].
  */
 object StaticVersions {
-  // Numbers no other load of a static table in this driver has: a cache is valid for one load only.
   private val generations = new java.util.concurrent.atomic.AtomicLong()
 
   /** What a static table's rows depend on. */

@@ -309,8 +309,7 @@ case class StreamingUMJoinExec(
     val statistics = Option.when(probeOrder.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
-      StreamingRoutes.collect(run,
-        info.operatorId, accumulator)
+      StreamingRoutes.collect(run, info.operatorId, accumulator)
       accumulator
     }
 
@@ -358,8 +357,7 @@ case class StreamingUMJoinExec(
       .filter(j => layout.timeSlices(j).exists(_.earlierWidthsMs.nonEmpty)).map { j =>
         val drain = SliceDrain(info.storeVersion, sparkContext.longAccumulator,
           metric(OperatorMetrics.EarlierSliceRows, j))
-        run.sliceDrains
-          .put((info.operatorId, j), drain)
+        run.sliceDrains.put((info.operatorId, j), drain)
         j -> drain
       }.toMap
     // What probing and shipping cost in this batch, and the event times stored after it; the next
