@@ -1,7 +1,8 @@
 """Paper 003 (SSBJ)'s choice of the static input's keys kept in memory, on hand-made statistics: the
 cache inequality m * v_R < n * v_S (Theorem 2), the least memory (Theorem 1: the sum over keys of
 min(cache cost, disk cost), and no other set of keys needs less), the hysteresis factor s_f, the
-memory bound, and the forecast n(j) of each key's stream rows per batch."""
+memory bound, and the forecast n(j) of each key's stream rows per batch; and the bounds of an executor's caches
+(least recently used first)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,22 @@ def test_the_stream_rate_forecast_smooths_and_forgets(spark: SparkSession) -> No
 def test_a_hysteresis_factor_below_one_is_refused_with_its_value(spark: SparkSession) -> None:
     with pytest.raises(Exception, match="hysteresis factor is at least 1, not 0.5"):
         choose(spark, [], 100, 100, hysteresis=0.5)
+
+
+def held_after_each_step(spark: SparkSession, max_entries: int, max_weight: int, steps: list[list[Any]]) -> list[list[str]]:
+    request = {"maxEntries": max_entries, "maxWeight": max_weight, "steps": steps}
+    return json.loads(spark._jvm.umjoin.spark.testkit.CacheBounds.held(json.dumps(request)))  # type: ignore[union-attr]
+
+
+def test_an_executors_cache_drops_the_least_recently_used_entry_past_its_count(spark: SparkSession) -> None:
+    """The stores' committed row counts are kept for the most recently used stores (a count dropped costs a probe
+    of the store, never an answer). Two entries at most: a read keeps `a`, so `b` goes when `c` comes."""
+    steps = [["a", 0], ["b", 0], ["a"], ["c", 0]]
+    assert held_after_each_step(spark, 2, 2**62, steps) == [["a"], ["a", "b"], ["b", "a"], ["a", "c"]]
+
+
+def test_an_executors_static_caches_drop_the_least_recently_used_past_their_bytes(spark: SparkSession) -> None:
+    """Static tables' caches take at most a bound of bytes in all (a tenth of the heap): past it the least recently
+    used go first, never the one just made, even when it alone passes the bound."""
+    steps = [["a", 4], ["b", 4], ["c", 4], ["d", 20]]
+    assert held_after_each_step(spark, 1000, 10, steps) == [["a"], ["a", "b"], ["b", "c"], ["d"]]
