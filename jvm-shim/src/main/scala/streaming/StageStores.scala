@@ -47,6 +47,8 @@ private[streaming] final class StageStores(
   // before it.
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
+  /** How long this task spent writing, evicting and committing (see [[StoreTimes]]). */
+  val storeTimes = new StoreTimes
   /** The stores this task writes, in input order. */
   def written: Seq[InputStateWriter] = writers.toSeq.sortBy(_._1).map(_._2)
   private def writerOf(j: Int): InputStateWriter =
@@ -158,10 +160,10 @@ private[streaming] final class StageStores(
    */
   def writeAndCommit(j: Int): Unit = {
     val writer = writerOf(j)
-    def store(rows: Iterator[InternalRow]): Unit = rows.foreach { row =>
+    def store(rows: Iterator[InternalRow]): Unit = storeTimes.updating(rows.foreach { row =>
       writer.put(row, job.nowMs)
       metrics.updated += 1
-    }
+    })
     job.kinds(j) match {
       case InputKind.Stream =>
         // A sliced stream's event times are reported from the scan that evicts rows: those of the
@@ -176,7 +178,7 @@ private[streaming] final class StageStores(
         store(fresh(j, Some(metrics.droppedLate)))
         val evict = job.evictable(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
         if (job.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
-          metrics.removed += writer.removeWhere { (storedAt, row) =>
+          metrics.removed += storeTimes.removing(writer.removeWhere { (storedAt, row) =>
             val gone = !visible(storedAt) || evict.exists(_.eval(row))
             times.foreach { case (_, time) =>
               val t = time(row)
@@ -186,12 +188,12 @@ private[streaming] final class StageStores(
               }
             }
             gone
-          }
+          })
         }
         times.foreach { case (accumulator, _) =>
           accumulator.add(SlicedRows(Set(partition), stored.times, arrived.times)) }
       case _ if job.loads(j) =>
-        metrics.removed += writer.removeWhere((_, _) => true)
+        metrics.removed += storeTimes.removing(writer.removeWhere((_, _) => true))
         store(fresh(j, None))
       case _ =>
         val cache = staticCacheOf(j)
@@ -209,7 +211,7 @@ private[streaming] final class StageStores(
       }
       drain.partitionsCounted.add(1)
     }
-    writer.commit()
+    storeTimes.committing(writer.commit())
     metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
     CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
     metrics.stateRows(j) += writer.rowCount
@@ -223,4 +225,31 @@ private[streaming] final class StageStores(
   private def eventTimeOf(j: Int): UnsafeProjection =
     GeneratedCode.projection(Seq(job.states(j).partitionKey.asInstanceOf[TimeSlice].child),
       job.outputs(j))
+}
+
+/**
+ * The time a task spends on its stores, reported as Spark reports its own stateful operators' in
+ * the query's progress (`allUpdatesTimeMs`, `allRemovalsTimeMs`, `commitTimeMs`): storing the
+ * batch's rows, evicting what can no longer join, committing. Summed in nanoseconds over the
+ * task's stores, added to the metrics once, so short writes are not each rounded down to 0 ms.
+ */
+private[streaming] final class StoreTimes {
+  private var updateNanos = 0L
+  private var removalNanos = 0L
+  private var commitNanos = 0L
+
+  private def timed[T](add: Long => Unit)(body: => T): T = {
+    val start = System.nanoTime()
+    try body finally add(System.nanoTime() - start)
+  }
+  def updating[T](body: => T): T = timed(updateNanos += _)(body)
+  def removing[T](body: => T): T = timed(removalNanos += _)(body)
+  def committing[T](body: => T): T = timed(commitNanos += _)(body)
+
+  def addTo(metrics: StageMetrics): Unit = {
+    import java.util.concurrent.TimeUnit.NANOSECONDS
+    metrics.updatesTimeMs += NANOSECONDS.toMillis(updateNanos)
+    metrics.removalsTimeMs += NANOSECONDS.toMillis(removalNanos)
+    metrics.commitTimeMs += NANOSECONDS.toMillis(commitNanos)
+  }
 }

@@ -245,7 +245,8 @@ private[streaming] final class StageTask(
 
   private def finish(): Unit = {
     job.stored.foreach(stores.writeAndCommit)
-    settling.commit()
+    stores.storeTimes.committing(settling.commit())
+    stores.storeTimes.addTo(metrics)
     committed(stores.written ++ settling.writers)
     report()
   }
