@@ -7,8 +7,9 @@ LEFT OUTER. Runs, each in a JVM of its own (local[2], 4 shuffle partitions, a no
 observed, bench/outputs.py), alternating the settings within each repetition: Spark's joins with Spark's default state
 store, Spark's joins at their best (RocksDB, join state format 4), UMJoin with the default store and with RocksDB. Per
 run, the medians over its micro-batches (the first two left out: the JVM warms up) of `durationMs.queryPlanning` and of
-`durationMs.triggerExecution` (the micro-batch's latency), the state operators the progress lists and whether the
-executed plan holds a StreamingSymmetricHashJoinExec; per setting, the min/median/max of those medians over the
+`durationMs.triggerExecution` (the micro-batch's latency) and of the state operators' `commitTimeMs` summed (their
+stores' commits, summed over the tasks), the state store instances, the state operators the progress lists and whether
+the executed plan holds a StreamingSymmetricHashJoinExec; per setting, the min/median/max of those medians over the
 repetitions.
 """
 
@@ -84,6 +85,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()  # type: ignore[attr-defined]
     return {"batches": len(progress), "planning_ms": statistics.median(p["durationMs"].get("queryPlanning", 0) for p in measured),
             "latency_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in measured),
+            "commit_ms": statistics.median(sum(op["commitTimeMs"] for op in p["stateOperators"]) for p in measured),
+            "store_instances": sum(op["numStateStoreInstances"] for op in progress[-1]["stateOperators"]),
             "state_operators": [op["operatorName"] for op in progress[-1]["stateOperators"]],
             "sparks_join_planned": "StreamingSymmetricHashJoin" in plan, "output": outputs.observed_output(progress)}
 
@@ -104,7 +107,8 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
                     if "ended" in reported:
                         raise RuntimeError(f"bench planning run {chain} / {name} failed: {reported['ended']}")
                     print(f"{chain:>17} {name:>33} #{repetition + 1}: planning {reported['planning_ms']:.0f} ms, micro-batch "
-                          f"{reported['latency_ms']:.0f} ms, state operators {reported['state_operators']}, output "
+                          f"{reported['latency_ms']:.0f} ms, commits {reported['commit_ms']:.0f} ms, state operators "
+                          f"{reported['state_operators']}, output "
                           f"{outputs.shown(reported['output'])}", flush=True)
                     results.append({"chain": chain, "run": name, "repetition": repetition + 1, **reported})
     (out / "planning.json").write_text(json.dumps({"batches": batches, "repetitions": repetitions, "rows_per_batch": ROWS_PER_BATCH,
@@ -113,8 +117,9 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
              f"`python -m bench planning --batches {batches} --repetitions {repetitions}`: {__doc__.split(chr(10), 2)[2].strip()}", "",
              "Figures in ms, min / median / max over the repetitions of each run's median; ratios of medians against Spark's joins "
              "(default store).", "",
-             "| chain | run | queryPlanning | / Spark's | micro-batch | / Spark's | state operators | Spark's join planned |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| chain | run | queryPlanning | / Spark's | micro-batch | / Spark's | commitTimeMs | store instances | state operators "
+             "| Spark's join planned |",
+             "|---|---|---|---|---|---|---|---:|---|---|"]
     for chain, _, _ in CHAINS:
         of_chain = [r for r in results if r["chain"] == chain]
         base = [r for r in of_chain if r["run"] == SETTINGS[0][0]]
@@ -126,6 +131,7 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
             latency = [r["latency_ms"] for r in runs]
             lines.append(f"| {chain} | {name} | {spread(planning, 0)} | {statistics.median(planning) / base_planning:.2f} | "
                          f"{spread(latency, 0)} | {statistics.median(latency) / base_latency:.2f} | "
+                         f"{spread([r['commit_ms'] for r in runs], 0)} | {runs[-1]['store_instances']} | "
                          f"{', '.join(runs[-1]['state_operators'])} | {'yes' if runs[-1]['sparks_join_planned'] else 'no'} |")
     equal = all(outputs.equal(r["output"], next(b for b in results if b["chain"] == r["chain"])["output"]) for r in results)
     lines += ["", f"Outputs equal within each chain in every run: {'yes' if equal else 'NO'} ({outputs.COMPARED})."]
