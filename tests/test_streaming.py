@@ -550,21 +550,21 @@ def test_the_benchmarks_state_sizes_count_every_stored_key_and_value(spark: Spar
         assert measured_joins[b] == (rows, size)
 
 
-def event_time_data(tmp_path: Path, names: str = "xyz") -> None:
-    """Streams whose event times advance 10 minutes a batch; a few rows arrive a day late."""
+def event_time_data(tmp_path: Path, names: str = "xyz", batches: int = 8) -> None:
+    """Streams whose event times advance 10 minutes a batch; a few rows arrive a day late (from the fourth batch)."""
     rng = random.Random(7)
     base = datetime.datetime(2026, 1, 1)
     for name in names:
-        batches = []
-        for b in range(8):
+        written = []
+        for b in range(batches):
             rows = []
             for _ in range(rng.randint(5, 15)):
                 at = base + datetime.timedelta(minutes=10 * b + rng.randint(0, 9))
                 if b > 2 and rng.random() < 0.1:
                     at = base - datetime.timedelta(days=1)
                 rows.append((rng.randrange(6), rng.randrange(3), at, rng.randrange(1000)))
-            batches.append(rows)
-        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT", batches)
+            written.append(rows)
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_ts TIMESTAMP, {name}_v BIGINT", written)
 
 
 def time_bounded_join(spark: SparkSession, tmp_path: Path, keys: str) -> DataFrame:
@@ -605,7 +605,7 @@ def test_a_full_outer_join_stays_as_spark_planned_it_and_says_why_once(spark: Sp
     """w, x and y joined inner (one StreamingUMJoin), then z FULL OUTER: Spark's outer join stays on top,
     its reason is recorded once for the query run although every micro-batch is planned again.
     (Left and right outer joins on top convert: tests/test_streaming_outer.py.)"""
-    event_time_data(tmp_path, "wxyz")
+    event_time_data(tmp_path, "wxyz", batches=5)
     # A last batch far in the future that joins nothing: its watermark lets every row waiting for a match go
     # (the joins under Spark's outer join hold its watermark back less when they are one StreamingUMJoin).
     for n, name in enumerate("wxyz"):
