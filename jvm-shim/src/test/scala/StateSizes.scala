@@ -5,6 +5,8 @@ import java.util.UUID
 import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
+import org.apache.hadoop.conf.Configuration
+
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.{QueryExecution, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
@@ -12,17 +14,37 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
 import org.apache.spark.sql.execution.streaming.operators.stateful.join
   .StreamingSymmetricHashJoinHelper.{LeftSide, RightSide}
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec,
-  NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider,
-  StateStoreProviderId}
+  NoPrefixKeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId,
+  StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
-import umjoin.spark.streaming.{InputState, InputStateConf, StoreSchema, StreamingUMJoinExec}
+import umjoin.spark.streaming.{InputState, InputStateConf, InputStateSpec, PartitionStores,
+  StoreLayout, StoreSchema, StreamingUMJoinExec}
 
-/** One state store of a streaming query's operator in one partition, as its operator opens it. */
+/**
+ * One state store of a streaming query's operator in one partition, as its operator opens it;
+ * `families`, where it keeps column families, their schemas (its default family is read too).
+ */
 final case class StateStoreOnDisk(checkpoint: String, operatorId: Long,
     partition: Int, name: String, keySchema: StructType,
-    valueSchema: StructType, keyEncoding: KeyStateEncoderSpec, conf: StateStoreConf)
+    valueSchema: StructType, keyEncoding: KeyStateEncoderSpec, conf: StateStoreConf,
+    families: Seq[StoreSchema] = Nil) {
+
+  /** A provider of this store, to be closed after use. */
+  def provider(hadoopConf: Configuration): StateStoreProvider =
+    StateStoreProvider.createAndInit(StateStoreProviderId(StateStoreId(checkpoint, operatorId,
+      partition, name), UUID.randomUUID()), keySchema, valueSchema, keyEncoding,
+      families.nonEmpty, conf, hadoopConf, false, None)
+
+  /** What a read store of it holds, per family: (the store's or family's name, its entries). */
+  def contents(read: ReadStateStore): Seq[(String, Iterator[UnsafeRowPair])] =
+    (name -> read.iterator()) +: families.map { family =>
+      read.asInstanceOf[StateStore].createColFamilyIfAbsent(family.name, family.keySchema,
+        family.valueSchema, InputState.keyEncoding(family.keySchema))
+      family.name -> read.iterator(family.name)
+    }
+}
 
 /**
  * The exact size of a streaming query's state after each micro-batch, read back from its
@@ -57,12 +79,26 @@ object StateSizes {
             keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), sparkConf)
       case umjoin: StreamingUMJoinExec =>
         val info = umjoin.getStateInfo
-        val schemas: Seq[(StoreSchema, StateStoreConf)] = umjoin.stateSpecs.flatMap { spec =>
-          (spec.rowStore -> umjoinConfs.rows) +: spec.indexStores.map(_ -> umjoinConfs.indexes)
-        }
-        for (partition <- 0 until info.numPartitions; (store, conf) <- schemas)
-          yield StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, store.name,
-            store.keySchema, store.valueSchema, InputState.keyEncoding(store.keySchema), conf)
+        val (inputs, waiting) = umjoin.stateSpecs.partition(spec =>
+          umjoin.layout.stored.exists(InputState.storeName(_) == spec.name))
+        def own(specs: Seq[InputStateSpec]): Seq[(StoreSchema, StateStoreConf)] =
+          specs.flatMap(spec => (spec.rowStore -> umjoinConfs.rows) +:
+            spec.indexStores.map(_ -> umjoinConfs.indexes))
+        def separate(partition: Int, schemas: Seq[(StoreSchema, StateStoreConf)]) =
+          schemas.map { case (store, conf) =>
+            StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, store.name,
+              store.keySchema, store.valueSchema, InputState.keyEncoding(store.keySchema), conf)
+          }
+        (0 until info.numPartitions).flatMap(partition => umjoin.layout.stores match {
+          case StoreLayout.Separate => separate(partition, own(inputs ++ waiting))
+          case StoreLayout.ColumnFamilies =>
+            val shared = if (inputs.isEmpty) Nil else Seq(StateStoreOnDisk(info.checkpointLocation,
+              info.operatorId, partition, InputState.PartitionStoreName,
+              PartitionStores.CountKey, PartitionStores.CountValue,
+              NoPrefixKeyStateEncoderSpec(PartitionStores.CountKey), umjoinConfs.indexes,
+              inputs.flatMap(spec => spec.rowStore +: spec.indexStores)))
+            shared ++ separate(partition, own(waiting))
+        })
     }.flatten
   }
 
@@ -74,14 +110,13 @@ object StateSizes {
     val session = execution.sparkSession
     val hadoopConf = new SerializableConfiguration(session.sessionState.newHadoopConf())
     val all = stores(session, execution.executedPlan)
-    val rows = session.sparkContext.parallelize(all, math.max(1, all.size)).map { store =>
-      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId,
-        store.partition, store.name), UUID.randomUUID())
-      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema,
-        store.keyEncoding, false, store.conf, hadoopConf.value, false, None)
+    val rows = session.sparkContext.parallelize(all, math.max(1, all.size)).flatMap { store =>
+      val provider = store.provider(hadoopConf.value)
       try {
         val read = provider.getReadStore(batchId + 1, None)
-        try (store.name, store.partition, read.iterator().size) finally read.release()
+        try store.contents(read).map { case (name, entries) =>
+          (name, store.partition, entries.size)
+        } finally read.release()
       } finally provider.close()
     }.collect()
     compact(render(JArray(rows.toList.map { case (name, partition, count) =>
@@ -102,10 +137,7 @@ object StateSizes {
     val all = stores(session, execution.executedPlan)
     val versions = batchIds.toSeq.sorted
     val sizes = session.sparkContext.parallelize(all, math.max(1, all.size)).flatMap { store =>
-      val id = StateStoreProviderId(StateStoreId(store.checkpoint, store.operatorId,
-        store.partition, store.name), UUID.randomUUID())
-      val provider = StateStoreProvider.createAndInit(id, store.keySchema, store.valueSchema,
-        store.keyEncoding, false, store.conf, hadoopConf.value, false, None)
+      val provider = store.provider(hadoopConf.value)
       // In ascending order, so that a provider replaying changes goes on from the version it read
       // before.
       try versions.map { batch =>
@@ -114,10 +146,10 @@ object StateSizes {
         try {
           var rows = 0L
           var bytes = 0L
-          read.iterator().foreach { pair =>
+          store.contents(read).foreach(_._2.foreach { pair =>
             rows += 1
             bytes += pair.key.getSizeInBytes + pair.value.getSizeInBytes
-          }
+          })
           (batch, (rows, bytes))
         } finally read.release()
       } finally provider.close()

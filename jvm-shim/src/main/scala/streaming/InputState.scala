@@ -2,17 +2,13 @@ package umjoin.spark.streaming
 
 import scala.collection.mutable
 
-import org.apache.hadoop.conf.Configuration
-
-import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, Expression,
   GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec,
-  ReadStateStore, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
-import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
+import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateStore,
+  StateStoreConf}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
 
@@ -77,13 +73,15 @@ final case class StoreSchema(name: String, keySchema: StructType, valueSchema: S
 /**
  * The stores of one stream input in one task, for reading: the version the previous micro-batch
  * committed (`writer` is set in the task that writes this batch's version). A stored row is seen
- * only while `visible` holds for the time it was stored (spark.umjoin.stateTtl).
+ * only while `visible` holds for the time it was stored (spark.umjoin.stateTtl). `storedRows`:
+ * the rows the input's store holds, where known (else 0).
  */
-final class InputState private (
+final class InputState private[streaming] (
     spec: InputStateSpec,
-    val primary: ReadStateStore,
-    val indexes: Map[StoreIndex, ReadStateStore],
-    visible: Long => Boolean) {
+    primary: StoreView,
+    indexes: Map[StoreIndex, StoreView],
+    visible: Long => Boolean,
+    storedRows: () => Long) {
 
   private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
   private val rowKeyValues = new GenericInternalRow(3)
@@ -121,10 +119,7 @@ final class InputState private (
     private val rowsOf = lookup(index)
     override def get(key: UnsafeRow): Iterator[InternalRow] = rowsOf(key)
     override def isEmpty: Boolean = false // unknown without a scan; probing an empty store is cheap
-    override def keyCount: Long = primary match {
-      case s: StateStore => s.metrics.numKeys
-      case _ => 0L
-    }
+    override def keyCount: Long = storedRows()
     override def sizeInBytes: Long = 0L
     override def close(): Unit = ()
   }
@@ -172,41 +167,29 @@ object InputState {
    */
   def unmatchedStoreName(outer: Int): String = s"umjoin-unmatched-$outer"
 
-  /** The committed state of the previous micro-batch, read-only; released when the task ends. */
-  def read(spec: InputStateSpec, info: StatefulOperatorStateInfo,
-      partition: Int, confs: InputStateConf, hadoopConf: Configuration,
-      visible: Long => Boolean, context: TaskContext): InputState = {
-    StoresClosedAtExit.ensure()
-    def open(store: StoreSchema, conf: StateStoreConf): ReadStateStore = {
-      val readStore = StateStore.getReadOnly(providerId(info, partition, store.name),
-        store.keySchema, store.valueSchema, keyEncoding(store.keySchema),
-        info.storeVersion, None, None, false, conf, hadoopConf)
-      context.addTaskCompletionListener[Unit](_ => readStore.release())
-      readStore
-    }
-    new InputState(spec, open(spec.rowStore, confs.rows),
-      spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap, visible)
+  /**
+   * The name of a partition's one store where every input's stores are its column families
+   * ([[StoreLayout.ColumnFamilies]]).
+   */
+  val PartitionStoreName = "umjoin"
+
+  /** The committed state of the previous micro-batch, read-only. */
+  def read(spec: InputStateSpec, stores: PartitionStores, confs: InputStateConf,
+      visible: Long => Boolean): InputState = {
+    val counted = stores.committedRows(spec.name, reading = true)
+    new InputState(spec, stores.read(spec.rowStore, confs.rows),
+      spec.indexes.map(_._1).zip(spec.indexStores.map(stores.read(_, confs.indexes))).toMap,
+      visible, () => counted.getOrElse(0L))
   }
 
-  /**
-   * The state to write this micro-batch's version of; aborted when the task ends without
-   * committing.
-   */
-  def write(spec: InputStateSpec, info: StatefulOperatorStateInfo,
-      partition: Int, confs: InputStateConf, hadoopConf: Configuration,
-      visible: Long => Boolean, context: TaskContext): InputStateWriter = {
-    StoresClosedAtExit.ensure()
-    def open(schema: StoreSchema, conf: StateStoreConf): StateStore = {
-      val store = StateStore.get(providerId(info, partition, schema.name),
-        schema.keySchema, schema.valueSchema, keyEncoding(schema.keySchema),
-        info.storeVersion, None, None, false, conf, hadoopConf)
-      context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
-      store
-    }
-    val primary = open(spec.rowStore, confs.rows)
-    val indexes = spec.indexes.map(_._1).zip(spec.indexStores.map(open(_, confs.indexes))).toMap
-    new InputStateWriter(spec, primary, indexes, new InputState(spec, primary, indexes, visible),
-      info.storeVersion)
+  /** The state to write this micro-batch's version of; `stores` commits it. */
+  def write(spec: InputStateSpec, stores: PartitionStores, confs: InputStateConf,
+      visible: Long => Boolean): InputStateWriter = {
+    val primary = stores.write(spec.rowStore, confs.rows)
+    val indexes = spec.indexes.map(_._1).zip(spec.indexStores.map(stores.write(_, confs.indexes)))
+      .toMap
+    new InputStateWriter(spec, primary, indexes, visible,
+      stores.committedRows(spec.name, reading = false), stores)
   }
 
   /**
@@ -217,17 +200,23 @@ object InputState {
     PrefixKeyScanStateEncoderSpec(keySchema,
       keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
 
-  private def providerId(info: StatefulOperatorStateInfo, partition: Int,
-      name: String): StateStoreProviderId =
-    StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name),
-      info.queryRunId)
 }
 
 /**
- * Writes one micro-batch's changes to a stream input's stores in one partition, then commits them.
+ * Writes one micro-batch's changes to a stream input's stores in one partition; `stores` commits
+ * them. `committedRows`: the rows the micro-batch before left, where the partition's one store
+ * counts them (else the input's own store counts its keys).
  */
-final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
-    indexes: Map[StoreIndex, StateStore], val state: InputState, version: Long) {
+final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
+    indexes: Map[StoreIndex, WritableView], visible: Long => Boolean,
+    committedRows: Option[Long], stores: PartitionStores) {
+  private var change = 0L
+  /** The rows the input's store holds now. */
+  def rowCount: Long = committedRows.fold(primary.store.metrics.numKeys)(_ + change)
+  stores.countRows(spec.name, () => rowCount)
+  val state: InputState = new InputState(spec, primary.reading,
+    indexes.map { case (index, view) => index -> view.reading }, visible, () => rowCount)
+
   // A row's keys are read from the row joined with two numbers: its sequence number and when it was
   // stored. (Their code comes from the executor's pool: compiled per task, it turned Spark's code
   // cache over in a 10-way join.)
@@ -247,7 +236,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
   // converted.
   private val toStored = GeneratedCode.projection(spec.output, spec.output)
   // Unique within the partition: the batch in the high bits, the row's place in it in the low ones.
-  private var sequence = version << 32
+  private var sequence = primary.store.version << 32
 
   private def withNumbers(row: InternalRow, sequence: Long, storedAtMs: Long): InternalRow = {
     numbers.setLong(0, sequence)
@@ -268,6 +257,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
       indexKeyOf.foreach { case (index, key) => indexes(index).put(key(withBoth), value) }
     }
     sequence += 1
+    change += 1
   }
 
   /**
@@ -276,7 +266,7 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
    */
   def removeWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
     val doomed = mutable.ArrayBuffer[(UnsafeRow, UnsafeRow)]()
-    primary.iterator().foreach(pair =>
+    primary.reading.iterator().foreach(pair =>
       if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
     doomed.foreach { case (key, row) =>
       primary.remove(key)
@@ -284,27 +274,22 @@ final class InputStateWriter(spec: InputStateSpec, val primary: StateStore,
         indexes(index).remove(indexKeyOfRow(withNumbers(row, key.getLong(1), 0L)))
       }
     }
+    change -= doomed.size
     doomed.size.toLong
   }
 
-  def commit(): Unit = {
-    primary.commit()
-    indexes.values.foreach(_.commit())
-  }
-
-  /** The stores beside the rows: the indexes, in the layout's order. */
-  def auxiliary: Seq[StateStore] = spec.indexes.map { case (index, _) => indexes(index) }
-  def stores: Seq[StateStore] = primary +: auxiliary
-  def rowCount: Long = primary.metrics.numKeys
   def indexEntryCount: Long = rowCount * indexes.size
-  def memoryBytes: Long = stores.map(_.metrics.memoryUsedBytes).sum
+  /** The stores holding only this input's rows (none where it shares the partition's one store). */
+  private def own: Seq[StateStore] =
+    if (committedRows.isDefined) Nil else primary.store +: indexes.values.map(_.store).toSeq
+  /** The memory of the input's own stores (0 where it shares the partition's one store). */
+  def memoryBytes: Long = own.map(_.metrics.memoryUsedBytes).sum
   /**
-   * The bytes of the stores' files on local disk, where the provider tells them (RocksDB's SST
-   * files); else 0.
+   * The bytes of the files on local disk of the stores holding the input's rows, where the provider
+   * tells them (RocksDB's SST files; with one store per partition, every input's); else 0.
    */
-  def diskBytes: Long = stores.map(_.metrics.customMetrics.collect {
-    case (m, v) if m.name == "rocksdbSstFileSize" => v
-  }.sum).sum
+  def diskBytes: Long = (if (own.nonEmpty) own else Seq(primary.store)).map(_.metrics.customMetrics
+    .collect { case (m, v) if m.name == "rocksdbSstFileSize" => v }.sum).sum
 }
 
 /**

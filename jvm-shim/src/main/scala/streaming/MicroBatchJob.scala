@@ -74,6 +74,7 @@ final case class OuterPadding(starts: Map[Int, Int], now: Map[Int, Expression],
  *                   (v_R, v_S)
  * @param slices     per stream spread by time slice, which of its partitions a combination is sent
  *                   to
+ * @param stores     how each partition's stores are kept
  */
 final case class MicroBatchJob(
     graph: JoinGraph,
@@ -95,6 +96,7 @@ final case class MicroBatchJob(
     padding: Option[OuterPadding],
     slices: Map[Int, SliceWindow],
     partitions: Int,
+    stores: StoreLayout,
     info: StatefulOperatorStateInfo) {
 
   /** How the rows shipped between this job's stages say what they are. */

@@ -58,11 +58,13 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 
   /**
    * Whether Spark's stream-stream join kept its state here: no StreamingUMJoin's, and a store with
-   * files beside its schema (which Spark writes for every planned join's stores, converted or not).
+   * files beside its schema (which Spark writes for every planned join's stores, converted or not),
+   * other than a StreamingUMJoin's one store per partition.
    */
   def hasSparkJoinState: Boolean = !hasUMJoinState && fs.exists(partition0) &&
     fs.listStatus(partition0).filter(_.isDirectory)
-    .exists(store => fs.listStatus(store.getPath).exists(_.getPath.getName != "_metadata"))
+      .filter(_.getPath.getName != InputState.PartitionStoreName)
+      .exists(store => fs.listStatus(store.getPath).exists(_.getPath.getName != "_metadata"))
 
   /**
    * Whether the operator committed its stores in the previous micro-batch (so this one can read
@@ -198,9 +200,10 @@ object OperatorCheckpoint {
 
   /**
    * The version of the state's layout this code writes; it reads this one and the ones before
-   * (format 1: single-class indexes; format 2: no stored static tables).
+   * (format 1: single-class indexes; format 2: no stored static tables; format 3 and before:
+   * separate stores, [[StoreLayout.Separate]]).
    */
-  val Format = 3
+  val Format = 4
 
   /**
    * The layout as the checkpoint keeps it: classes named by each input's key expression, so they
@@ -232,7 +235,8 @@ object OperatorCheckpoint {
       "inputs" -> JArray(inputJson.toList),
       "routes" -> JArray(routeJson.toList),
       "predictedProbeCost" -> JDouble(layout.predictedCost),
-      "statistics" -> JString(layout.statistics))))
+      "statistics" -> JString(layout.statistics),
+      "stores" -> JString(layout.stores.name))))
   }
 
   /**
@@ -372,8 +376,13 @@ object OperatorCheckpoint {
       case JString(text) => text
       case _ => "not recorded"
     }
+    val stores = json \ "stores" match {
+      case JString(name) => StoreLayout.byName.getOrElse(name,
+        fail(s"its layout record names an unknown way of keeping stores: $name"))
+      case _ => StoreLayout.Separate
+    }
     val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost,
-      statistics, parsed.map(_._4))
+      statistics, parsed.map(_._4), stores)
     layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>
       fail(s"its recorded probe routes do not fit this join (none from input #$s through all " +
         s"${inputs.size} inputs)")

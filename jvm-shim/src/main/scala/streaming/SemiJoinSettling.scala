@@ -4,6 +4,7 @@ import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{JoinedRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state.StateStore
 
 import umjoin.spark.core.GeneratedCode
 import umjoin.spark.core.probe.StoreIndex
@@ -18,7 +19,8 @@ import umjoin.spark.core.store.JoinStore
  *
  * @param storedRows an input's rows the batches before stored, through an index
  * @param newRows    an input's rows of this batch in this partition, through an index
- * @param openStore  the store of a semi join's waiting combinations, opened for writing
+ * @param stores     where the stores of the semi joins' waiting combinations are opened for
+ *                   writing (each a store of its own)
  */
 private[streaming] final class SemiJoinSettling(
     job: MicroBatchJob,
@@ -27,7 +29,8 @@ private[streaming] final class SemiJoinSettling(
     metrics: StageMetrics,
     storedRows: (Int, StoreIndex) => JoinStore,
     newRows: (Int, StoreIndex) => JoinStore,
-    openStore: InputStateSpec => InputStateWriter) {
+    stores: PartitionStores,
+    confs: InputStateConf) {
 
   // Per semi join's input, new combinations of its preserved inputs that no row of it matched in
   // this task (or, in the stage that settles them, that earlier stages shipped here, or the semi
@@ -74,8 +77,12 @@ private[streaming] final class SemiJoinSettling(
       unmatchedHere(semi).iterator.map(row => (semi, row))
     }
 
-  /** The stores of the waiting combinations this stage settled, once [[settle]] opened them. */
-  def writers: Seq[InputStateWriter] = opened.toSeq
+  private var kept = 0L
+  /** The waiting combinations this stage's stores hold, once committed. */
+  def rowsKept: Long = kept
+
+  /** The store instances of the waiting combinations this stage settled and committed. */
+  def instances: Seq[StateStore] = stores.instances
 
   /**
    * The waiting combinations of the semi joins this stage settles (in this partition, lowest join
@@ -122,7 +129,7 @@ private[streaming] final class SemiJoinSettling(
     passedOn.foreach { case (a, combination) => tryFrom(a, combination) }
     settledHere.foreach { k =>
       val u = job.unmatched(k)
-      val writer = openStore(u.spec)
+      val writer = InputState.write(u.spec, stores, confs, _ => true)
       opened += writer
       val matched = finder(u, newRows(u.nonPreserved, matchIndex(k)))
       val unmatchable = u.unmatchable.map(GeneratedCode.interpreted(_, u.spec.output, partition))
@@ -154,8 +161,9 @@ private[streaming] final class SemiJoinSettling(
 
   /** Commits the stores of the semi joins' waiting combinations this stage settled. */
   def commit(): Unit = {
+    stores.commit()
     settledHere.zip(opened).foreach { case (k, writer) =>
-      writer.commit()
+      kept += writer.rowCount
       metrics.unmatched(job.unmatched(k).nonPreserved).waiting += writer.rowCount
     }
   }

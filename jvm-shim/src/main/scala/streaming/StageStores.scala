@@ -45,19 +45,22 @@ private[streaming] final class StageStores(
 
   // The stores of the streams and stored tables: written (and read) in the last stage, read-only
   // before it.
+  private val partitionStores =
+    new PartitionStores(job.stores, job.info, partition, storeConfs, hadoopConf, context)
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   /** How long this task spent writing, evicting and committing (see [[StoreTimes]]). */
   val storeTimes = new StoreTimes
-  /** The stores this task writes, in input order. */
-  def written: Seq[InputStateWriter] = writers.toSeq.sortBy(_._1).map(_._2)
+  /** The store instances this task wrote. */
+  def instances: Seq[org.apache.spark.sql.execution.streaming.state.StateStore] =
+    partitionStores.instances
   private def writerOf(j: Int): InputStateWriter =
-    writers.getOrElseUpdate(j, InputState.write(job.states(j), job.info, partition, storeConfs,
-      hadoopConf, visibleIn(j), context))
+    writers.getOrElseUpdate(j, InputState.write(job.states(j), partitionStores, storeConfs,
+      visibleIn(j)))
   def stateOf(j: Int): InputState =
     if (isLast) writerOf(j).state
-    else readers.getOrElseUpdate(j, InputState.read(job.states(j), job.info, partition, storeConfs,
-      hadoopConf, visibleIn(j), context))
+    else readers.getOrElseUpdate(j, InputState.read(job.states(j), partitionStores, storeConfs,
+      visibleIn(j)))
 
   /**
    * The input's rows of this batch in this partition that can be in a result: not late, and no NULL
@@ -154,11 +157,17 @@ private[streaming] final class StageStores(
   }
 
   /**
-   * The last stage's work on input j's stores: this batch's rows stored, what can no longer join
-   * evicted (a stored static table: loaded again, or its cache's keys chosen again), then the
-   * stores committed and measured.
+   * The last stage's work on the stores: each stored input's rows of this batch stored, what can no
+   * longer join evicted (a stored static table: loaded again, or its cache's keys chosen again),
+   * then every store committed and each input's measured.
    */
-  def writeAndCommit(j: Int): Unit = {
+  def writeAndCommit(stored: Seq[Int]): Unit = {
+    stored.foreach(write)
+    storeTimes.committing(partitionStores.commit())
+    stored.foreach(measure)
+  }
+
+  private def write(j: Int): Unit = {
     val writer = writerOf(j)
     def store(rows: Iterator[InternalRow]): Unit = storeTimes.updating(rows.foreach { row =>
       writer.put(row, job.nowMs)
@@ -211,7 +220,15 @@ private[streaming] final class StageStores(
       }
       drain.partitionsCounted.add(1)
     }
-    storeTimes.committing(writer.commit())
+  }
+
+  private var kept = 0L
+  /** The rows the stored inputs' stores hold, once committed. */
+  def rowsKept: Long = kept
+
+  private def measure(j: Int): Unit = {
+    val writer = writerOf(j)
+    kept += writer.rowCount
     metrics.static.get(j).foreach(_.diskBytes += writer.diskBytes)
     CommittedRowCounts.record(job.info, partition, j, job.info.storeVersion + 1, writer.rowCount)
     metrics.stateRows(j) += writer.rowCount

@@ -12,6 +12,7 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, Exp
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.streaming.state.StateStore
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter,
   SQLShuffleWriteMetricsReporter}
 import org.apache.spark.unsafe.Platform
@@ -47,7 +48,7 @@ private[streaming] final class StageTask(
     storeConfs: InputStateConf,
     hadoopConf: Configuration,
     statistics: Option[ProbeCountersAccumulator],
-    committed: Seq[InputStateWriter] => Unit) {
+    committed: (Seq[StateStore], Long) => Unit) {
 
   private val partition = context.partitionId()
   private val isLast = stage == job.stageCount - 1
@@ -60,7 +61,8 @@ private[streaming] final class StageTask(
   private val settling = new SemiJoinSettling(job, stage, partition, metrics,
     (input, index) => stateOf(input).storeFor(index),
     (input, index) => indexInMemory(input, fresh(input, None), Seq(index))(index),
-    spec => InputState.write(spec, job.info, partition, storeConfs, hadoopConf, _ => true, context))
+    new PartitionStores(StoreLayout.Separate, job.info, partition, storeConfs, hadoopConf, context),
+    storeConfs)
 
   /** This stage's part of each route, ready to run (compiled when first used). */
   private val cores = mutable.Map[Shipped.Partial, (Route.Segment, ProbeCore)]()
@@ -177,7 +179,7 @@ private[streaming] final class StageTask(
     val settled = () => if (!settling.settlesAny) Iterator.empty else {
       val (results, onward) = settling.settle()
       settling.commit()
-      committed(settling.writers)
+      committed(settling.instances, settling.rowsKept)
       results.iterator.map(row => (partition, wrap(Shipped.Result, row))) ++
         onward.iterator.map { case (k, combination) =>
           val semi = job.unmatched(k)
@@ -244,10 +246,10 @@ private[streaming] final class StageTask(
   }
 
   private def finish(): Unit = {
-    job.stored.foreach(stores.writeAndCommit)
+    stores.writeAndCommit(job.stored)
     stores.storeTimes.committing(settling.commit())
     stores.storeTimes.addTo(metrics)
-    committed(stores.written ++ settling.writers)
+    committed(stores.instances ++ settling.instances, stores.rowsKept + settling.rowsKept)
     report()
   }
 

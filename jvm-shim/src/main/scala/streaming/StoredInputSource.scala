@@ -8,6 +8,7 @@ import org.apache.hadoop.fs.Path
 import org.json4s.JsonAST.{JArray, JObject, JString}
 import org.json4s.jackson.JsonMethods.parse
 
+import org.apache.spark.TaskContext
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Alias, BoundReference, Literal, UnsafeProjection}
@@ -21,9 +22,9 @@ import org.apache.spark.sql.connector.read.{Batch, InputPartition, PartitionRead
   PartitionReaderFactory, Scan, ScanBuilder}
 import org.apache.spark.sql.execution.streaming.checkpointing.{CommitLog, OffsetSeqLog,
   OffsetSeqMetadata}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadataV1,
-  OperatorStateMetadataV1Reader, StateStore, StateStoreConf, StateStoreId, StateStoreProviderId}
-import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
+  OperatorStateMetadataV1Reader}
 import org.apache.spark.sql.sources.DataSourceRegister
 import org.apache.spark.sql.types.{DataType, IntegerType, StructField, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
@@ -56,7 +57,7 @@ object StoredInputSource {
 /** One stream input's stores at one committed micro-batch: what every partition's reader needs. */
 final case class StoredInput(stateRoot: String, operatorId: Long, input: Int, label: String,
     columns: StructType, partitionKeyType: DataType, partitions: Int, version: Long,
-    storeConf: StateStoreConf, hadoopConf: SerializableConfiguration) {
+    stores: StoreLayout, storeConfs: InputStateConf, hadoopConf: SerializableConfiguration) {
   def schema: StructType = columns.add(StructField("partition_id", IntegerType, nullable = false))
   def keySchema: StructType = InputStateSpec.rowKeySchema(partitionKeyType)
 }
@@ -97,7 +98,13 @@ object StoredInput {
       fail(s"operator $operatorId of $checkpoint has no layout record ($layoutFile): its " +
         "state was written by a UMJoin version this one cannot read")
     }
-    val inputs = parse(OperatorCheckpoint.textOf(fs, layoutFile)) \ "inputs" match {
+    val record = parse(OperatorCheckpoint.textOf(fs, layoutFile))
+    val stores = record \ "stores" match {
+      case JString(name) => StoreLayout.byName.getOrElse(name,
+        fail(s"$layoutFile keeps its stores in a way this UMJoin version cannot read: $name"))
+      case _ => StoreLayout.Separate
+    }
+    val inputs = record \ "inputs" match {
       case JArray(items) => items
       case _ => fail(s"$layoutFile lists no inputs")
     }
@@ -139,7 +146,7 @@ object StoredInput {
       .foreach(OffsetSeqMetadata.setSessionConf(_, conf))
     StoredInput(stateRoot, operatorId, input, labels(input), columns,
       typeOf(classic, partitionKey, columns), partitions,
-      batchId + 1, InputStateConf(conf).rows, new SerializableConfiguration(hadoopConf))
+      batchId + 1, stores, InputStateConf(conf), new SerializableConfiguration(hadoopConf))
   }
 
   /** "name type" as the layout record writes a column (a name may hold spaces, a type too). */
@@ -184,13 +191,13 @@ private final case class StoredReaderFactory(stored: StoredInput) extends Partit
 /** One partition's rows of the input's store, each followed by its partition's number. */
 private final class StoredRowsReader(stored: StoredInput, partition: Int)
   extends PartitionReader[InternalRow] {
-  StoresClosedAtExit.ensure()
-  private val store = StateStore.getReadOnly(
-    StateStoreProviderId(StateStoreId(stored.stateRoot, stored.operatorId, partition,
-      InputState.storeName(stored.input)), UUID.randomUUID()),
-    stored.keySchema, stored.columns, InputState.keyEncoding(stored.keySchema), stored.version,
-    None, None, false, stored.storeConf, stored.hadoopConf.value)
-  private val rows = store.iterator()
+  // (Released when the reading task ends.)
+  private val rows = new PartitionStores(stored.stores,
+    StatefulOperatorStateInfo(stored.stateRoot, UUID.randomUUID(), stored.operatorId,
+      stored.version, stored.partitions), partition, stored.storeConfs,
+    stored.hadoopConf.value, TaskContext.get())
+    .read(StoreSchema(InputState.storeName(stored.input), stored.keySchema, stored.columns),
+      stored.storeConfs.rows).iterator()
   private val withPartition = UnsafeProjection.create(stored.columns.fields.zipWithIndex.map {
     case (f, i) => BoundReference(i, f.dataType, f.nullable)
   }.toSeq :+ Literal(partition))
@@ -201,5 +208,5 @@ private final class StoredRowsReader(stored: StoredInput, partition: Int)
     true
   }
   override def get(): InternalRow = current
-  override def close(): Unit = store.release()
+  override def close(): Unit = ()
 }

@@ -3,6 +3,7 @@ package umjoin.spark.streaming
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.expressions.Expression
+import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{ByteType, DataType, IntegerType, LongType, ShortType}
 
 import umjoin.spark.core.JoinGraph
@@ -48,6 +49,43 @@ object InputKind {
 }
 
 /**
+ * How a StreamingUMJoin's stores are kept in each partition: every commit of a store writes files,
+ * so the fewer store instances, the shorter a micro-batch's commits (as Spark's join state formats
+ * 3 and 4 keep a join's four stores as column families of one).
+ */
+sealed trait StoreLayout {
+  /** As the checkpoint's layout record names it. */
+  def name: String
+}
+
+object StoreLayout {
+  /**
+   * A state store of its own for each input's rows, for each further index and for each semi
+   * join's waiting combinations: the HDFS-backed provider (which has no column families), and
+   * checkpoints of layout format 3 and before.
+   */
+  case object Separate extends StoreLayout { override val name = "separate" }
+
+  /**
+   * One RocksDB store per partition, named [[InputState.PartitionStoreName]], with the rows and
+   * further indexes of every input as its column families and each input's count of rows in its
+   * default one: committed once per partition and micro-batch. A semi join's waiting combinations
+   * keep a store of their own, written in the stage that settles them, which may come before the
+   * last.
+   */
+  case object ColumnFamilies extends StoreLayout { override val name = "column families" }
+
+  val byName: Map[String, StoreLayout] = Seq(Separate, ColumnFamilies).map(l => l.name -> l).toMap
+
+  /** Spark's RocksDB provider (Scala-private to its package: named). */
+  val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+  /** The layout a new checkpoint's state takes with the session's state store provider. */
+  def forSession(conf: SQLConf): StoreLayout =
+    if (conf.stateStoreProviderClass == RocksDBProvider) ColumnFamilies else Separate
+}
+
+/**
  * How a streaming UMJoin keeps and probes its inputs: per input its kind, the key class its rows
  * are hash-partitioned on (None for a broadcast table), the further indexes of a stream's store
  * (so that a row sent to all partitions finds its matches by keys it carries; an index on several
@@ -62,6 +100,7 @@ object InputKind {
  * each row in the partition of its event time's slice ([[TimeSliceRing]]), and a partial
  * combination is sent to the partitions of the slices its time range overlaps ([[SliceWindow]]):
  * every row is stored once, and a combination found once, where its row of that store lives.
+ * `stores`: how the stores are kept in each partition.
  */
 final case class StreamingLayout(
     kinds: IndexedSeq[InputKind],
@@ -70,7 +109,8 @@ final case class StreamingLayout(
     routes: Map[Int, Route],
     predictedCost: Double,
     statistics: String,
-    timeSlices: IndexedSeq[Option[TimeSlicing]]) {
+    timeSlices: IndexedSeq[Option[TimeSlicing]],
+    stores: StoreLayout) {
 
   /** Whether input `i`'s rows are spread over the partitions by time slice. */
   def isTimeSliced(i: Int): Boolean = timeSlices(i).isDefined
@@ -242,7 +282,7 @@ object StreamingLayout {
    */
   def choose(graph: JoinGraph, kinds: IndexedSeq[InputKind], sizes: JoinSizes, statistics: String,
       partitions: Int, compositeIndexes: Boolean, timeSpanMs: Int => Option[Long],
-      slicesPerSpan: Int): StreamingLayout = {
+      slicesPerSpan: Int, stores: StoreLayout): StreamingLayout = {
     val n = kinds.size
     val classesOf =
       (0 until n).map(i => graph.classes.indices.filter(c => graph.classes(c).inputs.contains(i)))
@@ -277,7 +317,7 @@ object StreamingLayout {
         TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan)))
     }
     val provisional = StreamingLayout(kinds, choice.partitioning, possible, choice.routes,
-      choice.cost, statistics, sliced)
+      choice.cost, statistics, sliced, stores)
     val indexes = (0 until n).map { i =>
       if (!InputKind.isStored(kinds(i))) Nil
       else {

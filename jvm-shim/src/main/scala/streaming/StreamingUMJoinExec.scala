@@ -101,10 +101,14 @@ case class StreamingUMJoinExec(
 
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = StreamingUMJoinExec.ShortName
-  override val stateStoreNames: Seq[String] = layout.stored.flatMap { j =>
-    InputState.storeName(j) +:
-      layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
-  } ++ semiInputs.map(InputState.unmatchedStoreName)
+  override val stateStoreNames: Seq[String] = (layout.stores match {
+    case StoreLayout.Separate => layout.stored.flatMap { j =>
+      InputState.storeName(j) +:
+        layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
+    }
+    case StoreLayout.ColumnFamilies =>
+      if (layout.stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
+  }) ++ semiInputs.map(InputState.unmatchedStoreName)
 
   /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
   private def semiInputs: Seq[Int] = graphShape.filters.keys.toSeq.sorted
@@ -165,15 +169,16 @@ case class StreamingUMJoinExec(
 
   /**
    * The operator's stores as Spark's state-metadata source lists them: the layout-format entry
-   * (`default`), then every store of its inputs with the key columns its prefix scans take.
+   * (`default`), then every store of its inputs with the key columns its prefix scans take (with
+   * column families, the partition's one store, then each semi join's).
    */
   override def operatorStateMetadata(
       stateSchemaPaths: List[List[String]]): OperatorStateMetadata = {
     val info = getStateInfo
-    val stores = stateSpecs.flatMap(spec => spec.rowStore +: spec.indexStores).map { store =>
-      StateStoreMetadataV1(store.name, InputState.keyEncoding(store.keySchema).numColsPrefixKey,
-        info.numPartitions)
-    }
+    val prefixColumns = stateSpecs.flatMap(spec => spec.rowStore +: spec.indexStores)
+      .map(store => store.name -> InputState.keyEncoding(store.keySchema).numColsPrefixKey).toMap
+    val stores = stateStoreNames.map(name =>
+      StateStoreMetadataV1(name, prefixColumns.getOrElse(name, 0), info.numPartitions))
     OperatorStateMetadataV1(OperatorInfoV1(info.operatorId, shortName),
       (StateStoreMetadataV1(StateStoreId.DEFAULT_STORE_NAME, 0, info.numPartitions) +: stores)
         .toArray)
@@ -228,12 +233,12 @@ case class StreamingUMJoinExec(
         .exists(newInputWatermark > _)
 
   /**
-   * The memory and provider metrics of an input's index stores count as the operator's; their
-   * entries are not state rows (numRowsTotal is the input rows kept, as Spark's join counts each
-   * buffered row once, not its counts per key). Index entries show per input as
-   * `stateIndexEntriesInput<i>`.
+   * A store instance's memory and provider metrics, as the operator's. Its keys are not what
+   * numRowsTotal counts: the input rows kept (as Spark's join counts each buffered row once, not
+   * its counts per key), and the semi joins' waiting combinations; an index's entries show per
+   * input as `stateIndexEntriesInput<i>`.
    */
-  private def setAuxiliaryStoreMetrics(store: StateStore): Unit = {
+  private def setInstanceMetrics(store: StateStore): Unit = {
     val m = store.metrics
     longMetric("stateMemory") += m.memoryUsedBytes
     setStoreCustomMetrics(m.customMetrics)
@@ -350,6 +355,7 @@ case class StreamingUMJoinExec(
       slices = children.indices.filter(layout.isTimeSliced)
         .map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,
       partitions = partitions,
+      stores = layout.stores,
       info = info)
     // Rows an earlier time slicing placed are counted in every batch until none is left; the next
     // batch's planning reads the count.
@@ -428,10 +434,10 @@ case class StreamingUMJoinExec(
         read: Int => Iterator[InternalRow]): StageTask =
       new StageTask(job, stage, context, j => read(position(j)), j => broadcasts(j).get.value,
         () => read(partitioned.size), metrics, storeConfs, serializableConf.value.value,
-        statistics, writers => {
-          writers.foreach(w => self.setStoreMetrics(w.primary, false))
-          writers.flatMap(_.auxiliary).foreach(self.setAuxiliaryStoreMetrics)
-          self.setOperatorMetrics(writers.map(_.stores.size).sum)
+        statistics, (instances, rowsKept) => {
+          instances.foreach(self.setInstanceMetrics)
+          self.longMetric("numTotalStateRows") += rowsKept
+          self.setOperatorMetrics(instances.size)
         })
 
     // Every stage's task k reads the stores of partition k: it runs where they were last loaded.

@@ -558,7 +558,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             case None => estimatedSizes(inputs, kinds, graph)
           }
           val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions,
-            compositeIndexes, timeSpanMs, firstSlices)
+            compositeIndexes, timeSpanMs, firstSlices,
+            StoreLayout.forSession(session.sessionState.conf))
           logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics" +
             s": predicted probe cost ${chosen.predictedCost}")
           chosen

@@ -1,0 +1,150 @@
+package umjoin.spark.streaming
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec,
+  NoPrefixKeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId,
+  StateStoreProviderId, UnsafeRowPair}
+import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
+import org.apache.spark.sql.types.{LongType, StringType, StructField, StructType}
+import org.apache.spark.unsafe.types.UTF8String
+
+/**
+ * One of an input's stores as a task reads it: a state store of its own (its default column
+ * family), or a column family of the partition's one store ([[StoreLayout]]).
+ */
+final case class StoreView(store: ReadStateStore, family: String) {
+  def get(key: UnsafeRow): UnsafeRow = store.get(key, family)
+  def prefixScan(key: UnsafeRow): Iterator[UnsafeRowPair] = store.prefixScan(key, family)
+  def iterator(): Iterator[UnsafeRowPair] = store.iterator(family)
+}
+
+/** One of an input's stores as the task that writes the micro-batch's version sees it. */
+final case class WritableView(store: StateStore, family: String) {
+  def reading: StoreView = StoreView(store, family)
+  def put(key: UnsafeRow, value: UnsafeRow): Unit = store.put(key, value, family)
+  def remove(key: UnsafeRow): Unit = store.remove(key, family)
+}
+
+/**
+ * The state stores one task of a StreamingUMJoin opens in its partition, kept as `layout` says:
+ * each store on its own, or every one as a column family of the partition's one RocksDB store,
+ * opened once for the task (read-only before the last stage, written in it). A store read is
+ * released when the task ends; one written is aborted then unless [[commit]] committed it.
+ */
+private[streaming] final class PartitionStores(layout: StoreLayout,
+    info: StatefulOperatorStateInfo, partition: Int, confs: InputStateConf,
+    hadoopConf: Configuration, context: TaskContext) {
+  import PartitionStores._
+
+  private val written = mutable.ArrayBuffer[StateStore]()
+  // Per input's rows' store in the one store, its count of rows as this task will commit it.
+  private val counted = mutable.LinkedHashMap[String, () => Long]()
+
+  private def providerId(name: String): StateStoreProviderId =
+    StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId, partition, name),
+      info.queryRunId)
+
+  private def encoding(key: StructType, families: Boolean): KeyStateEncoderSpec =
+    if (families) NoPrefixKeyStateEncoderSpec(key) else InputState.keyEncoding(key)
+
+  private def openRead(name: String, key: StructType, value: StructType,
+      families: Boolean, conf: StateStoreConf): ReadStateStore = {
+    StoresClosedAtExit.ensure()
+    val store = StateStore.getReadOnly(providerId(name), key, value, encoding(key, families),
+      info.storeVersion, None, None, families, conf, hadoopConf)
+    context.addTaskCompletionListener[Unit](_ => store.release())
+    store
+  }
+
+  private def openWrite(name: String, key: StructType, value: StructType,
+      families: Boolean, conf: StateStoreConf): StateStore = {
+    StoresClosedAtExit.ensure()
+    val store = StateStore.get(providerId(name), key, value, encoding(key, families),
+      info.storeVersion, None, None, families, conf, hadoopConf)
+    context.addTaskCompletionListener[Unit](_ => if (!store.hasCommitted) store.abort())
+    written += store
+    store
+  }
+
+  // The partition's one store (ColumnFamilies), its default family holding the inputs' row counts.
+  // Its rows are counted here, not by RocksDB (which would read every key before writing it).
+  private lazy val sharedRead: ReadStateStore = openRead(InputState.PartitionStoreName,
+    CountKey, CountValue, families = true, confs.indexes)
+  private lazy val sharedWrite: StateStore = openWrite(InputState.PartitionStoreName,
+    CountKey, CountValue, families = true, confs.indexes)
+
+  private def family(store: ReadStateStore, schema: StoreSchema): Unit = store match {
+    case s: StateStore => s.createColFamilyIfAbsent(schema.name, schema.keySchema,
+      schema.valueSchema, InputState.keyEncoding(schema.keySchema))
+    case other => throw new IllegalStateException(
+      s"UMJoin: a read-only store of ${other.getClass.getName} has no column families")
+  }
+
+  /** Store `schema` as committed by the micro-batch before, read-only. */
+  def read(schema: StoreSchema, conf: StateStoreConf): StoreView = layout match {
+    case StoreLayout.Separate => StoreView(
+      openRead(schema.name, schema.keySchema, schema.valueSchema, families = false, conf),
+      StateStore.DEFAULT_COL_FAMILY_NAME)
+    case StoreLayout.ColumnFamilies =>
+      // A read store takes its families' schemas again every time it is opened.
+      family(sharedRead, schema)
+      StoreView(sharedRead, schema.name)
+  }
+
+  /** Store `schema`, to write this micro-batch's version of. */
+  def write(schema: StoreSchema, conf: StateStoreConf): WritableView = layout match {
+    case StoreLayout.Separate => WritableView(
+      openWrite(schema.name, schema.keySchema, schema.valueSchema, families = false, conf),
+      StateStore.DEFAULT_COL_FAMILY_NAME)
+    case StoreLayout.ColumnFamilies =>
+      family(sharedWrite, schema)
+      WritableView(sharedWrite, schema.name)
+  }
+
+  /**
+   * The rows the store of rows `name` held when the micro-batch before committed it: counted by
+   * the partition's one store (ColumnFamilies) or by the store itself (None).
+   */
+  def committedRows(name: String, reading: Boolean): Option[Long] = layout match {
+    case StoreLayout.Separate => None
+    case StoreLayout.ColumnFamilies =>
+      val store = if (reading) sharedRead else sharedWrite
+      Some(Option(store.get(countKey(name))).fold(0L)(_.getLong(0)))
+  }
+
+  /** Counts the rows of store `name` as `rows` gives them when the task commits. */
+  def countRows(name: String, rows: () => Long): Unit = counted(name) = rows
+
+  /**
+   * Commits every store written (ColumnFamilies: the one store, once, with its inputs' counts of
+   * rows).
+   */
+  def commit(): Unit = {
+    if (layout == StoreLayout.ColumnFamilies && written.nonEmpty) {
+      val count = UnsafeProjection.create(CountValue)
+      counted.foreach { case (name, rows) =>
+        sharedWrite.put(countKey(name), count(InternalRow(rows())).copy())
+      }
+    }
+    written.foreach(_.commit())
+  }
+
+  /** The store instances this task wrote: one per store, or the partition's one. */
+  def instances: Seq[StateStore] = written.toSeq
+}
+
+object PartitionStores {
+  /** The default family of a partition's one store: a rows' store's name, and its rows. */
+  val CountKey: StructType = StructType(Seq(StructField("key", StringType, nullable = false)))
+  val CountValue: StructType = StructType(Seq(StructField("rows", LongType, nullable = false)))
+
+  private[streaming] def countKey(name: String): UnsafeRow =
+    UnsafeProjection.create(CountKey)(InternalRow(UTF8String.fromString(name))).copy()
+}
