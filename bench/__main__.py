@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                            f"e.g. 3,10 (default {','.join(map(str, TPCH_BLOCKS))})")
     streaming.add_argument("--conf", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                            help="a session setting for the UMJoin runs, e.g. spark.umjoin.stateCacheRows=0 (repeatable)")
+    streaming.add_argument("--repetitions", type=whole_number, default=3,
+                           help="runs per TPC-H block and configuration, turning their order (default 3)")
     streaming.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     static = commands.add_parser("static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "
@@ -109,7 +111,7 @@ def _run(args: argparse.Namespace) -> None:
         from bench.streaming import run_streaming_bench
 
         run_streaming_bench(args.sf, args.batches, args.out, WORKLOADS if args.workload == "all" else (args.workload,),
-                            tuple(args.blocks), dict(args.conf))
+                            tuple(args.blocks), dict(args.conf), args.repetitions)
     elif args.command == "static":
         from bench.static import run_static_bench
 

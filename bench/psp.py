@@ -135,7 +135,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         output = outputs.observed_output(query.recentProgress)
         middle = query.recentProgress[len(query.recentProgress) // 2]["batchId"]
         stores = json.loads(spark._jvm.umjoin.spark.testkit.StateSizes.perPartitionJson(query._jsq.streamingQuery().lastExecution(), middle))  # type: ignore[union-attr]
-        per_partition = [sum(s["rows"] for s in stores if s["partition"] == p and "-index-" not in s["store"]) for p in range(partitions)]
+        # (The inputs' stores: with RocksDB column families of one store, whose default family counts their rows.)
+        per_partition = [sum(s["rows"] for s in stores if s["partition"] == p and s["store"].startswith("umjoin-input-")
+                             and "-index-" not in s["store"]) for p in range(partitions)]
         plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
         sliced = "umjoin_time_slice_ring(" in plan
         metrics = [p["stateOperators"][0]["customMetrics"] for p in query.recentProgress if p["stateOperators"]]
