@@ -8,6 +8,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{BindReferences, UnsafeProjection}
 import org.apache.spark.sql.execution.metric.SQLMetric
+import org.apache.spark.sql.execution.streaming.state.StateStore
 
 import org.apache.spark.sql.execution.umjoin.PagedStore
 import umjoin.spark.batch.UMJoinExec
@@ -52,8 +53,7 @@ private[streaming] final class StageStores(
   /** How long this task spent writing, evicting and committing (see [[StoreTimes]]). */
   val storeTimes = new StoreTimes
   /** The store instances this task wrote. */
-  def instances: Seq[org.apache.spark.sql.execution.streaming.state.StateStore] =
-    partitionStores.instances
+  def instances: Seq[StateStore] = partitionStores.instances
   private def writerOf(j: Int): InputStateWriter =
     writers.getOrElseUpdate(j, InputState.write(job.states(j), partitionStores, storeConfs,
       visibleIn(j)))

@@ -12,9 +12,9 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, Exp
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.execution.{ShuffledRowRDD, UnsafeRowSerializer}
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
-import org.apache.spark.sql.execution.streaming.state.StateStore
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLShuffleReadMetricsReporter,
   SQLShuffleWriteMetricsReporter}
+import org.apache.spark.sql.execution.streaming.state.StateStore
 import org.apache.spark.unsafe.Platform
 
 import org.apache.spark.sql.execution.umjoin.ShuffleWrites
