@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--conf", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                            help="a session setting for the UMJoin runs, e.g. spark.umjoin.stateCacheRows=0 (repeatable)")
     streaming.add_argument("--repetitions", type=whole_number, default=3,
-                           help="runs per TPC-H block and configuration, turning their order (default 3)")
+                           help="runs of the TPC-DS join and of each TPC-H block per configuration, turning their order (default 3)")
     streaming.add_argument("--out", type=Path, default=RESULTS, help="output directory")
 
     static = commands.add_parser("static", parents=[data], help="paper 003's setting: a stream of orders joined with customer "

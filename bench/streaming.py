@@ -34,19 +34,11 @@ from bench import enrichment, outputs, peak_rss_bytes, reported_by, reported_on_
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-TPCDS_RUNS = [  # (name, UMJoin on, state store provider, driver memory)
-    ("spark-rocksdb", False, ROCKSDB_PROVIDER, "4g"),
-    ("umjoin-rocksdb", True, ROCKSDB_PROVIDER, "4g"),
-    ("spark-rocksdb", False, ROCKSDB_PROVIDER, "1g"),
-    ("umjoin-rocksdb", True, ROCKSDB_PROVIDER, "1g"),
-    ("umjoin-memory", True, HDFS_PROVIDER, "1g"),
-]
 #: The enrichment chains' runs (Flink's beside them where PyFlink is installed), each in a JVM of its own with RocksDB and 4g.
 ENRICHMENT_RUNS = [("spark-rocksdb", False), ("umjoin-rocksdb", True)]
-#: The TPC-H blocks' runs, each in a JVM of its own with RocksDB and 4g: Spark's joins at its default join state format (2) and at
-#: its best (4: one store per join with column families, eviction by event time), and one StreamingUMJoin.
-TPCH_RUNS = [  # (name, UMJoin on, the run's session settings)
+#: The TPC-DS join's and TPC-H blocks' runs, each in a JVM of its own with RocksDB and 4g: Spark's joins at its default join state
+#: format (2) and at its best (4: one store per join with column families, eviction by event time), and one StreamingUMJoin.
+FORMAT_RUNS = [  # (name, UMJoin on, the run's session settings)
     ("spark-format2", False, {"spark.sql.streaming.join.stateFormatVersion": "2"}),
     ("spark-format4", False, {"spark.sql.streaming.join.stateFormatVersion": "4"}),
     ("umjoin", True, {}),
@@ -189,7 +181,8 @@ def _run_in_jvm(spec: dict[str, Any], name: str) -> dict[str, Any]:
 def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str, ...] = WORKLOADS,
                         tpch_blocks: tuple[int, ...] = TPCH_BLOCKS, settings: dict[str, str] | None = None,
                         repetitions: int = 3) -> list[Path]:
-    """Runs the workloads (of TPC-H, the join blocks of `tpch_blocks`, each run `repetitions` times) and writes
+    """Runs the workloads (the TPC-DS join and the TPC-H blocks of `tpch_blocks` by Spark's joins at state formats 2 and 4 and
+    by UMJoin, each `repetitions` times) and writes
     streaming_<workload>_sf<sf>.md / .json / .png into `out`; `settings` are session settings of the UMJoin runs."""
     settings = settings or {}
     out.mkdir(parents=True, exist_ok=True)
@@ -199,18 +192,22 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         from umjoin import tpcds
 
         files = tpcds_stream_files(sf, batches)
-        results = []
-        for name, umjoin, provider, memory in TPCDS_RUNS:
-            spec = {"workload": "tpcds", "sf": sf, "streams": str(files), "umjoin": umjoin, "provider": provider,
-                    "driver_memory": memory, "checkpoint": str(checkpoints / f"tpcds-{name}-{memory}"),
-                    "settings": settings if umjoin else {}}
-            results.append(_run_in_jvm(spec, name))
-        stem = f"streaming_tpcds_sf{sf:g}"
+        runs = _repeated_runs({"workload": "tpcds", "sf": sf, "streams": str(files)}, checkpoints / "tpcds", settings, repetitions)
         expected = tpcds.FOUR_WAY_ROWS_SF1 if sf == 1 else None
-        (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "expected_rows": expected, "umjoin_settings": settings,
-                                                      "runs": results}, indent=1) + "\n")
-        (out / f"{stem}.md").write_text(_tpcds_markdown(sf, batches, expected, results) + _settings_line(settings))
-        _tpcds_plots(out / f"{stem}.png", results)
+        blocks = [{"label": "TPC-DS 4-way", "runs": runs, **_comparison(runs)}]
+        stem = f"streaming_tpcds_sf{sf:g}"
+        command = (f"python -m bench streaming --workload tpcds --sf {sf:g} --batches {batches} --repetitions {repetitions}"
+                   + "".join(f" --conf {k}={v}" for k, v in settings.items()))
+        (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": _commit(), "sf": sf, "batches": batches,
+                                                      "expected_rows": expected, "state_partitions": STATE_PARTITIONS,
+                                                      "repetitions": repetitions, "umjoin_settings": settings, "blocks": blocks},
+                                                     indent=1) + "\n")
+        title = f"Streaming: the paper's 4-way TPC-DS join at SF {sf:g} over {batches} micro-batches"
+        described = (f"The paper's join of store_returns, customer, web_returns and catalog_returns (expected result rows: "
+                     f"{expected if expected is not None else 'n/a'}), where the join multiplies rows")
+        (out / f"{stem}.md").write_text(_format_markdown(title, described, batches, repetitions, command, blocks)
+                                        + _settings_line(settings))
+        _format_plots(out / f"{stem}.png", blocks)
         written.append(out / f"{stem}.md")
     if "tpch" in workloads:
         from umjoin import streams
@@ -218,17 +215,22 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         files = streams.tpch_streams(sf, batches)
         blocks = []
         for number in tpch_blocks:
-            runs = _tpch_block_runs({"workload": "tpch", "query": number, "label": f"Q{number:02d}", "sf": sf, "streams": str(files)},
-                                    checkpoints / f"tpch-q{number}", settings, repetitions)
-            blocks.append({"query": number, "sql": streams.join_block(number), "runs": runs, **_comparison(runs)})
+            runs = _repeated_runs({"workload": "tpch", "query": number, "label": f"Q{number:02d}", "sf": sf, "streams": str(files)},
+                                  checkpoints / f"tpch-q{number}", settings, repetitions)
+            blocks.append({"label": f"Q{number:02d}", "query": number, "sql": streams.join_block(number), "runs": runs,
+                           **_comparison(runs)})
         stem = f"streaming_tpch_sf{sf:g}"
         command = (f"python -m bench streaming --workload tpch --sf {sf:g} --batches {batches} --blocks {','.join(map(str, tpch_blocks))} "
                    f"--repetitions {repetitions}" + "".join(f" --conf {k}={v}" for k, v in settings.items()))
         (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": _commit(), "sf": sf, "batches": batches,
                                                       "state_partitions": STATE_PARTITIONS, "repetitions": repetitions,
                                                       "umjoin_settings": settings, "blocks": blocks}, indent=1) + "\n")
-        (out / f"{stem}.md").write_text(_tpch_markdown(sf, batches, repetitions, command, blocks) + _settings_line(settings))
-        _tpch_plots(out / f"{stem}.png", blocks)
+        title = f"Streaming: TPC-H join blocks at SF {sf:g} over {batches} micro-batches"
+        described = ("Each block (`SELECT *` over the query's tables with its join and filter predicates), key/foreign-key joins "
+                     "with several key classes")
+        (out / f"{stem}.md").write_text(_format_markdown(title, described, batches, repetitions, command, blocks)
+                                        + _settings_line(settings))
+        _format_plots(out / f"{stem}.png", blocks)
         written.append(out / f"{stem}.md")
     if "enrichment" in workloads:
         written.append(_enrichment_bench(sf, batches, out, checkpoints, settings))
@@ -237,13 +239,13 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
     return written
 
 
-def _tpch_block_runs(workload: dict[str, Any], checkpoint: Path, settings: dict[str, str], repetitions: int) -> list[dict[str, Any]]:
-    """The `workload` run by each of TPCH_RUNS `repetitions` times, each in its own JVM, the order turned by one each round;
+def _repeated_runs(workload: dict[str, Any], checkpoint: Path, settings: dict[str, str], repetitions: int) -> list[dict[str, Any]]:
+    """The `workload` run by each of FORMAT_RUNS `repetitions` times, each in its own JVM, the order turned by one each round;
     `settings` for the UMJoin runs."""
     runs = []
     for repetition in range(repetitions):
-        turn = repetition % len(TPCH_RUNS)
-        for name, umjoin, run_settings in TPCH_RUNS[turn:] + TPCH_RUNS[:turn]:
+        turn = repetition % len(FORMAT_RUNS)
+        for name, umjoin, run_settings in FORMAT_RUNS[turn:] + FORMAT_RUNS[:turn]:
             run = _run_in_jvm({**workload, "umjoin": umjoin, "provider": ROCKSDB_PROVIDER, "driver_memory": "4g",
                                "checkpoint": f"{checkpoint}-{name}-{repetition}", "settings": {**run_settings, **(settings if umjoin else {})}},
                               name)
@@ -393,8 +395,8 @@ def _settings_line(settings: dict[str, str]) -> str:
 
 
 def _by_run(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """A block's runs by TPCH_RUNS name, in repetition order."""
-    return {name: [r for r in runs if r["run"] == name] for name, _, _ in TPCH_RUNS}
+    """A block's runs by FORMAT_RUNS name, in repetition order."""
+    return {name: [r for r in runs if r["run"] == name] for name, _, _ in FORMAT_RUNS}
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -425,80 +427,53 @@ def _durations(run: dict[str, Any]) -> list[float]:
     return [b["duration_ms"] / 1000 for b in run["batches"]] or [0.0]
 
 
-def _tpcds_markdown(sf: float, batches: int, expected: int | None, results: list[dict[str, Any]]) -> str:
-    lines = [
-        f"# Streaming: the paper's 4-way TPC-DS join at SF {sf:g} over {batches} micro-batches (local[2], {STATE_PARTITIONS} state partitions)",
-        "",
-        f"Expected result rows: {expected if expected is not None else 'n/a'}. Same output: as Spark's first run's, "
-        f"{outputs.COMPARED}.",
-        "",
-        "| run | driver memory | state store | result | time (s) | output rows | output hash | same output | rows/s | mean batch (s) | max batch (s) | state rows at end | "
-        "max state rows | max state bytes, exact | state memory at end | state on disk at end | peak RSS |",
-        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    reference = next((r["output"] for r in results if r["run"].startswith("spark") and r["output"] is not None), None)
-    for r in results:
-        durations = _durations(r)
-        same = "-" if reference is None or r["error"] else "yes" if outputs.equal(r["output"], reference) else "NO"
-        last = r["batches"][-1] if r["batches"] else {}
-        rate = r["output_rows"] / r["seconds"] if r["seconds"] else 0
-        lines.append(
-            f"| {r['run']} | {r['driver_memory']} | {r['provider']} | {'ok' if not r['error'] else 'failed: ' + r['error'][:100]} | "
-            f"{r['seconds'] or 0:.0f} | {r['output_rows']} | {outputs.shown(r['output'])} | {same} | {rate:.0f} | {sum(durations) / len(durations):.2f} | {max(durations):.2f} | "
-            f"{r['final_state_rows']} | {r['max_state_rows']} | {_mb(r.get('max_state_data_bytes'))} | {_mb(last.get('state_memory_bytes'))} | {_mb(last.get('state_disk_bytes'))} | "
-            f"{_mb(r['peak_rss_bytes'])} |")
-    umjoin = next((r for r in results if r["run"] == "umjoin-rocksdb" and r["batches"] and r["batches"][-1]["state_rows_per_input"]), None)
-    if umjoin:
-        lines += ["", f"UMJoin's state at the end, per input (store_returns, customer, web_returns, catalog_returns): "
-                  f"{umjoin['batches'][-1]['state_rows_per_input']}."]
-    return "\n".join(lines) + "\n"
-
-
 def _ratio(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _tpch_markdown(sf: float, batches: int, repetitions: int, command: str, blocks: list[dict[str, Any]]) -> str:
-    names = [name for name, _, _ in TPCH_RUNS]
+def _format_markdown(title: str, described: str, batches: int, repetitions: int, command: str, blocks: list[dict[str, Any]]) -> str:
+    names = [name for name, _, _ in FORMAT_RUNS]
     lines = [
-        f"# Streaming: TPC-H join blocks at SF {sf:g} over {batches} micro-batches (local[2], {STATE_PARTITIONS} state partitions, RocksDB state store)",
+        f"# {title} (local[2], {STATE_PARTITIONS} state partitions, RocksDB state store)",
         "",
         f"`{command}` at commit {_commit()}.",
         "",
-        "Each block (`SELECT *` over the query's tables with its join and filter predicates) runs as Spark's chained stream-stream joins "
-        "at join state format 2 (Spark's default: four stores per join) and 4 (Spark at its best: one store per join with column "
-        f"families) and as one StreamingUMJoin, {repetitions} times each, each run in its own JVM with 4g, the order turned by one each "
-        "round. Times are min / median / max over the runs; UMJoin / Spark's best divides medians. State at the end (of the first run of "
-        "each): rows kept (UMJoin: its inputs' rows; Spark: its inputs' rows and every intermediate result) and bytes (state memory + "
-        "SST files on disk); peak RSS: the median.",
+        f"{described}, runs as Spark's chained stream-stream joins at join state format 2 (Spark's default: four stores per join) "
+        "and 4 (Spark at its best: one store per join with column families) and as one StreamingUMJoin, "
+        f"{repetitions} times each, each run in its own JVM with 4g, the order turned by one each round. Times are min / median / "
+        "max over the runs; UMJoin / Spark's best divides medians. State at the end (of the first run of each): rows kept "
+        "(UMJoin: its inputs' rows; Spark: its inputs' rows and every intermediate result) and bytes (state memory + SST files "
+        "on disk); the state's exact bytes at their highest (every stored key and value, read back from the checkpoint after the "
+        "run; Spark's format 2 and UMJoin only: the testkit reads Spark's formats 1 and 2); peak RSS: the median.",
         "",
         f"Same output: every run's {outputs.COMPARED}. Target (issue 67): UMJoin's median time at most {TIME_TARGET:g}x Spark's best format's.",
         "",
-        "| block | Spark's joins -> UMJoin | same output | output rows | " + " | ".join(f"time (s): {n}" for n in names) +
+        "| join | Spark's joins -> UMJoin | same output | output rows | " + " | ".join(f"time (s): {n}" for n in names) +
         " | UMJoin / Spark's best | state rows at end: " + " / ".join(names) + " | state bytes at end: " + " / ".join(names) +
-        " | peak RSS: " + " / ".join(names) + " |",
-        "|---|---|---|---:|" + "---:|" * len(names) + "---:|---|---|---|",
+        " | max state bytes, exact: " + " / ".join(names) + " | peak RSS: " + " / ".join(names) + " |",
+        "|---|---|---|---:|" + "---:|" * len(names) + "---:|---|---|---|---|",
     ]
     for block in blocks:
         failed = [f"{r['run']} #{r['repetition'] + 1}: {r['error']}" for r in block["runs"] if r["error"]]
         if failed:
-            lines.append(f"| Q{block['query']:02d} | failed: {'; '.join(failed)[:200]} |" + " |" * (len(names) + 6))
+            lines.append(f"| {block['label']} | failed: {'; '.join(failed)[:200]} |" + " |" * (len(names) + 7))
             continue
         named = _by_run(block["runs"])
         first = {name: group[0] for name, group in named.items()}
         spark, umjoin = first["spark-format2"], first["umjoin"]
         times = " | ".join("{:.0f} / {:.0f} / {:.0f}".format(*block["seconds"][n]) for n in names)
         lines.append(
-            f"| Q{block['query']:02d} | {spark['stream_stream_joins']} -> {'1 StreamingUMJoin' if umjoin['umjoin_in_plan'] else 'none'}"
+            f"| {block['label']} | {spark['stream_stream_joins']} -> {'1 StreamingUMJoin' if umjoin['umjoin_in_plan'] else 'none'}"
             f" + {umjoin['stream_stream_joins']} | {'yes' if block['same_output'] else 'NO'} | {umjoin['output_rows']} | {times} | "
             f"{_ratio(block['time_ratio'])} (of {block['best_spark']}) | {' / '.join(str(first[n]['final_state_rows']) for n in names)} | "
             f"{' / '.join(_mb(first[n]['final_state_bytes']) for n in names)} | "
+            f"{' / '.join(_mb(first[n].get('max_state_data_bytes')) for n in names)} | "
             f"{' / '.join(_mb(statistics.median(r['peak_rss_bytes'] or 0 for r in named[n])) for n in names)} |")
     measured = [b for b in blocks if b["time_ratio"] is not None]
-    if measured:
+    if len(measured) > 1:
         geomean = math.exp(sum(math.log(b["time_ratio"]) for b in measured) / len(measured))
         met = sum(1 for b in measured if b["time_ratio"] <= TIME_TARGET)
-        lines += ["", f"Blocks meeting the time target: {met} of {len(measured)}; geometric mean of UMJoin / Spark's best {geomean:.2f}."]
+        lines += ["", f"Meeting the time target: {met} of {len(measured)}; geometric mean of UMJoin / Spark's best {geomean:.2f}."]
     return "\n".join(lines) + "\n"
 
 
@@ -514,36 +489,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _tpcds_plots(path: Path, results: list[dict[str, Any]]) -> None:
-    plt = _pyplot()
-    if plt is None:
-        return
-    figure, (state, output, durations) = plt.subplots(1, 3, figsize=(17, 5))
-    for r in results:
-        if not r["batches"]:
-            continue
-        label = f"{r['run']} {r['driver_memory']}"
-        elapsed, total = [], 0.0
-        for b in r["batches"]:
-            total += b["duration_ms"] / 1000
-            elapsed.append(total)
-        state.plot([b["batch"] for b in r["batches"]], [b["state_rows"] for b in r["batches"]], marker=".", label=label)
-        cumulative, produced = [], 0
-        for b in r["batches"]:
-            produced += max(b["output_rows"], 0)
-            cumulative.append(produced)
-        output.plot(elapsed, cumulative, marker=".", label=label)
-        durations.plot([b["batch"] for b in r["batches"]], [b["duration_ms"] / 1000 for b in r["batches"]], marker=".", label=label)
-    state.set(xlabel="micro-batch", ylabel="state rows (all stateful operators)", title="State over time")
-    output.set(xlabel="elapsed time (s)", ylabel="result rows produced", title="Output over time (paper Fig. 5d)")
-    durations.set(xlabel="micro-batch", ylabel="batch duration (s)", title="Batch durations")
-    for ax in (state, output, durations):
-        ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-
-
-def _tpch_plots(path: Path, blocks: list[dict[str, Any]]) -> None:
+def _format_plots(path: Path, blocks: list[dict[str, Any]]) -> None:
     plt = _pyplot()
     if plt is None:
         return
@@ -559,8 +505,8 @@ def _tpch_plots(path: Path, blocks: list[dict[str, Any]]) -> None:
                 state.plot(numbers, [b["state_rows"] + b["state_index_entries"] for b in r["batches"]], linestyle="--",
                            label=f"{r['run']}: rows + index entries")
             durations.plot(numbers, [b["duration_ms"] / 1000 for b in r["batches"]], marker=".", label=r["run"])
-        state.set(xlabel="micro-batch", ylabel="state rows", title=f"Q{block['query']:02d} block: state over time")
-        durations.set(xlabel="micro-batch", ylabel="batch duration (s)", title=f"Q{block['query']:02d} block: batch durations")
+        state.set(xlabel="micro-batch", ylabel="state rows", title=f"{block['label']}: state over time")
+        durations.set(xlabel="micro-batch", ylabel="batch duration (s)", title=f"{block['label']}: batch durations")
         state.legend()
         durations.legend()
     figure.tight_layout()
