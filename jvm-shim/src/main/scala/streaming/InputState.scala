@@ -199,7 +199,6 @@ object InputState {
   def keyEncoding(keySchema: StructType): PrefixKeyScanStateEncoderSpec =
     PrefixKeyScanStateEncoderSpec(keySchema,
       keySchema.fieldNames.takeWhile(_.startsWith("key")).length)
-
 }
 
 /**
@@ -279,16 +278,17 @@ final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
   }
 
   def indexEntryCount: Long = rowCount * indexes.size
-  /** The stores holding only this input's rows (none where it shares the partition's one store). */
-  private def own: Seq[StateStore] =
-    if (committedRows.isDefined) Nil else primary.store +: indexes.values.map(_.store).toSeq
+  /** The store instances holding the input's rows: its own, or the partition's one. */
+  private def holding: Seq[StateStore] =
+    (primary.store +: indexes.values.map(_.store).toSeq).distinct
   /** The memory of the input's own stores (0 where it shares the partition's one store). */
-  def memoryBytes: Long = own.map(_.metrics.memoryUsedBytes).sum
+  def memoryBytes: Long =
+    if (committedRows.isDefined) 0L else holding.map(_.metrics.memoryUsedBytes).sum
   /**
    * The bytes of the files on local disk of the stores holding the input's rows, where the provider
    * tells them (RocksDB's SST files; with one store per partition, every input's); else 0.
    */
-  def diskBytes: Long = (if (own.nonEmpty) own else Seq(primary.store)).map(_.metrics.customMetrics
+  def diskBytes: Long = holding.map(_.metrics.customMetrics
     .collect { case (m, v) if m.name == "rocksdbSstFileSize" => v }.sum).sum
 }
 

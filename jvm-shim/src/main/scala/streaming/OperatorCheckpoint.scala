@@ -209,6 +209,16 @@ object OperatorCheckpoint {
    * The layout as the checkpoint keeps it: classes named by each input's key expression, so they
    * are found again after a restart.
    */
+  /**
+   * How a layout record says its stores are kept (a record of format 3 or before says nothing: a
+   * store of its own each), or the name it gives that this version does not know.
+   */
+  private[streaming] def storesOf(record: JValue): Either[String, StoreLayout] =
+    record \ "stores" match {
+      case JString(name) => StoreLayout.byName.get(name).toRight(name)
+      case _ => Right(StoreLayout.Separate)
+    }
+
   private[streaming] def toJson(layout: StreamingLayout, graph: JoinGraph,
       inputs: Seq[Seq[Attribute]], labels: Seq[String]): String = {
     def key(input: Int, c: Int): JValue = JString(keyName(graph, input, c))
@@ -376,11 +386,8 @@ object OperatorCheckpoint {
       case JString(text) => text
       case _ => "not recorded"
     }
-    val stores = json \ "stores" match {
-      case JString(name) => StoreLayout.byName.getOrElse(name,
-        fail(s"its layout record names an unknown way of keeping stores: $name"))
-      case _ => StoreLayout.Separate
-    }
+    val stores = storesOf(json).fold(name =>
+      fail(s"its layout record names an unknown way of keeping stores: $name"), identity)
     val layout = StreamingLayout(parsed.map(_._1), parsed.map(_._2), parsed.map(_._3), routes, cost,
       statistics, parsed.map(_._4), stores)
     layout.streams.find(s => !routes.get(s).exists(_.order.sorted == inputs.indices)).foreach { s =>

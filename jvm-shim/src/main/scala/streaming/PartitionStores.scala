@@ -87,26 +87,29 @@ private[streaming] final class PartitionStores(layout: StoreLayout,
       s"UMJoin: a read-only store of ${other.getClass.getName} has no column families")
   }
 
-  /** Store `schema` as committed by the micro-batch before, read-only. */
-  def read(schema: StoreSchema, conf: StateStoreConf): StoreView = layout match {
-    case StoreLayout.Separate => StoreView(
-      openRead(schema.name, schema.keySchema, schema.valueSchema, families = false, conf),
-      StateStore.DEFAULT_COL_FAMILY_NAME)
+  /**
+   * Where store `schema` is in the layout: a store of its own (`own`) and its default family, or
+   * the partition's one store (`shared`, given the family's schema: a read store takes them again
+   * every time it is opened) and the family of that name.
+   */
+  private def placed[S <: ReadStateStore](schema: StoreSchema, own: => S,
+      shared: => S): (S, String) = layout match {
+    case StoreLayout.Separate => (own, StateStore.DEFAULT_COL_FAMILY_NAME)
     case StoreLayout.ColumnFamilies =>
-      // A read store takes its families' schemas again every time it is opened.
-      family(sharedRead, schema)
-      StoreView(sharedRead, schema.name)
+      family(shared, schema)
+      (shared, schema.name)
   }
 
+  /** Store `schema` as committed by the micro-batch before, read-only. */
+  def read(schema: StoreSchema, conf: StateStoreConf): StoreView = StoreView.tupled(placed(schema,
+    openRead(schema.name, schema.keySchema, schema.valueSchema, families = false, conf),
+    sharedRead))
+
   /** Store `schema`, to write this micro-batch's version of. */
-  def write(schema: StoreSchema, conf: StateStoreConf): WritableView = layout match {
-    case StoreLayout.Separate => WritableView(
+  def write(schema: StoreSchema, conf: StateStoreConf): WritableView = WritableView.tupled(
+    placed(schema,
       openWrite(schema.name, schema.keySchema, schema.valueSchema, families = false, conf),
-      StateStore.DEFAULT_COL_FAMILY_NAME)
-    case StoreLayout.ColumnFamilies =>
-      family(sharedWrite, schema)
-      WritableView(sharedWrite, schema.name)
-  }
+      sharedWrite))
 
   /**
    * The rows the store of rows `name` held when the micro-batch before committed it: counted by

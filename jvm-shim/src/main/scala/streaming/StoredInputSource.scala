@@ -99,11 +99,8 @@ object StoredInput {
         "state was written by a UMJoin version this one cannot read")
     }
     val record = parse(OperatorCheckpoint.textOf(fs, layoutFile))
-    val stores = record \ "stores" match {
-      case JString(name) => StoreLayout.byName.getOrElse(name,
-        fail(s"$layoutFile keeps its stores in a way this UMJoin version cannot read: $name"))
-      case _ => StoreLayout.Separate
-    }
+    val stores = OperatorCheckpoint.storesOf(record).fold(name => fail(
+      s"$layoutFile keeps its stores in a way this UMJoin version cannot read: $name"), identity)
     val inputs = record \ "inputs" match {
       case JArray(items) => items
       case _ => fail(s"$layoutFile lists no inputs")
