@@ -339,36 +339,70 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
 
 
 def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark_planned_it(spark: SparkSession, tmp_path: Path) -> None:
-    """One stream with a stored table runs as a StreamingUMJoin, then a run with UMJoin off (Spark's stream-static
-    join: the UMJoin stores miss that batch), then on again: the stores have no version for the next batch,
-    so the join stays as Spark planned it (no stack trace), says so, and the output holds every row once."""
+    """One stream with a table read every batch (spark.umjoin.staticTables=reread: Spark's stream-static join, no
+    state), then restarted to store it: the stores would have no version for the next batch, so the join stays as
+    Spark planned it (no stack trace), says so, and the output holds every row once."""
     rng = random.Random(30)
     (tmp_path / "t").mkdir()
     table = random_table(rng)
     write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
     write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
-    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(3)]
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(2)]
     executed, reasons = [], []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
-        for p, enabled in enumerate(["true", "false", "true"]):
+        for p, mode in enumerate(["reread", "store"]):
             write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
-            with temporary_conf(spark, {"spark.umjoin.enabled": enabled}):
-                t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
-                u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
-                x = stream(spark, tmp_path / "x", X_COLUMNS)
-                query = (x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k).writeStream.format("parquet").option("path", str(tmp_path / "out"))
-                         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-                query.awaitTermination()
+            with temporary_conf(spark, {"spark.umjoin.staticTables": mode}):
+                query = _stored_and_broadcast_join(spark, tmp_path)
             executed.append(executed_plan(query))
             reasons.append(plans.unconverted_streaming_joins(spark, query))
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
-    expected = sorted(
-        ((xk, xv, *trow, uk, f"u{uk}") for p in range(3) for xk, xv in phases[p] for trow in table_rows(table)
+    assert rows == _expected_with_u(phases, table) and len(rows) > 0
+    assert ["StreamingUMJoin" in plan for plan in executed] == [False, False]
+    assert any("without UMJoin's state" in r for r in reasons[1]), reasons[1]
+
+
+def test_one_stream_with_a_stored_table_restarted_without_umjoin_is_refused_and_goes_on_with_it(spark: SparkSession, tmp_path: Path) -> None:
+    """A StreamingUMJoin of one stream and a stored table is a stateful operator in the checkpoint's metadata, as
+    Spark's own are: restarted with UMJoin off (Spark's restart check refuses a removed stateful operator) it is
+    refused with the fix, and the checkpoint goes on with UMJoin on, every row once."""
+    rng = random.Random(31)
+    (tmp_path / "t").mkdir()
+    table = random_table(rng)
+    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
+    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(2)]
+    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
+        write_batches(tmp_path / "x", X_COLUMNS, [phases[0]])
+        assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
+        write_batches(tmp_path / "x", X_COLUMNS, [phases[1]])
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            with pytest.raises(Exception) as failure:
+                _stored_and_broadcast_join(spark, tmp_path)
+        assert "holds StreamingUMJoin state for operator 1000000" in str(failure.value)
+        assert "Restart with the settings the checkpoint was written with" in str(failure.value)
+        assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    assert rows == _expected_with_u(phases, table) and len(rows) > 0
+
+
+def _stored_and_broadcast_join(spark: SparkSession, tmp_path: Path) -> StreamingQuery:
+    """x JOIN t ON x_k = t_j JOIN broadcast(u) ON x_v = u_k into Parquet files, run to the end of x's files."""
+    t = spark.read.schema(T_SCHEMA).csv(str(tmp_path / "t"))
+    u = F.broadcast(spark.read.parquet(str(tmp_path / "u")))
+    x = stream(spark, tmp_path / "x", X_COLUMNS)
+    query = (x.join(t, x.x_k == t.t_j).join(u, x.x_v == u.u_k).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    return query
+
+
+def _expected_with_u(phases: list[list[tuple[int | None, int]]], table: list[tuple[int | None, int]]) -> list[Row]:
+    """x JOIN t JOIN u computed here, row by row (u: keys 0-3 named u<k>)."""
+    return sorted(
+        ((xk, xv, *trow, uk, f"u{uk}") for phase in phases for xk, xv in phase for trow in table_rows(table)
          for uk in range(4) if xk is not None and xk == trow[0] and xv == uk),
         key=nulls_first)
-    assert rows == expected and len(rows) > 0
-    assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
-    assert any("without UMJoin's state" in r for r in reasons[2]), reasons[2]
 
 
 def test_one_stream_with_tables_small_enough_to_broadcast_stays_adaptive_and_says_why(spark: SparkSession, tmp_path: Path) -> None:

@@ -173,15 +173,6 @@ object OperatorCheckpoint {
   }
 
   /**
-   * Whose state an operator's checkpoint holds: Spark's stream-stream join's, a StreamingUMJoin's
-   * (or neither).
-   */
-  final case class WrittenBy(sparkJoin: Boolean, umjoin: Boolean)
-
-  def writtenBy(checkpoint: OperatorCheckpoint): WrittenBy =
-    WrittenBy(checkpoint.hasSparkJoinState, checkpoint.hasUMJoinState)
-
-  /**
    * The stateful operators Spark's metadata of a query's state (`stateLocation`, the checkpoint's
    * `state` directory) names, by id: what Spark's own restart check compares a plan with.
    */

@@ -5,7 +5,9 @@ import scala.util.Try
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
-import org.apache.spark.sql.execution.{FileSourceScanExec, LocalTableScanExec, SparkPlan}
+import org.apache.spark.sql.catalyst.plans.logical.{LocalRelation, LogicalPlan}
+import org.apache.spark.sql.execution.{FileSourceScanExec, LocalTableScanExec, PlanLater, SparkPlan}
+import org.apache.spark.sql.execution.datasources.{HadoopFsRelation, LogicalRelation}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 /**
@@ -39,11 +41,25 @@ object StaticVersions {
    */
   final case class Decision(load: Boolean, generation: Long)
 
-  /** Whether the rows of `plan` can be known unchanged between micro-batches (see above). */
+  /**
+   * Whether the rows of `plan` can be known unchanged between micro-batches (see above); a part
+   * still to be planned by what it will be planned as.
+   */
   def versionable(plan: SparkPlan): Boolean =
     !plan.exists(p => p.subqueries.nonEmpty || p.expressions.exists(!_.deterministic)) &&
-      plan.collectLeaves().forall(leaf => leaf.isInstanceOf[FileSourceScanExec] ||
-        leaf.isInstanceOf[LocalTableScanExec])
+      plan.collectLeaves().forall {
+        case later: PlanLater => versionable(later.plan)
+        case leaf => leaf.isInstanceOf[FileSourceScanExec] || leaf.isInstanceOf[LocalTableScanExec]
+      }
+
+  /** [[versionable]] for a logical plan: its leaves are file relations or local tables. */
+  def versionable(plan: LogicalPlan): Boolean =
+    !plan.isStreaming &&
+      !plan.exists(p => p.subqueries.nonEmpty || p.expressions.exists(!_.deterministic)) &&
+      plan.collectLeaves().forall {
+        case r: LogicalRelation => r.relation.isInstanceOf[HadoopFsRelation]
+        case leaf => leaf.isInstanceOf[LocalRelation]
+      }
 
   /**
    * This micro-batch's decision for static input `input` (plan `child`). A batch executed again (a

@@ -1,17 +1,25 @@
 package umjoin.spark.streaming
 
-import java.util.IdentityHashMap
+import java.util.{IdentityHashMap, UUID}
 
+import scala.util.Try
+
+import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.Attribute
+import org.apache.spark.sql.catalyst.optimizer.{BuildLeft, BuildRight, JoinSelectionHelper}
 import org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys
 import org.apache.spark.sql.catalyst.plans.logical.{EventTimeWatermark, Filter, Join, LeafNode,
-  LogicalPlan, Project, ReturnAnswer, Statistics, SubqueryAlias, Union}
+  LogicalPlan, Project, ReturnAnswer, Statistics}
+import org.apache.spark.sql.catalyst.plans.physical.IdentityBroadcastMode
 import org.apache.spark.sql.execution.{FilterExec, PlanLater, ProjectExec, SparkPlan, SparkStrategy}
+import org.apache.spark.sql.execution.exchange.BroadcastExchangeExec
+import org.apache.spark.sql.execution.joins.{BaseJoinExec, BroadcastHashJoinExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.
   StreamingSymmetricHashJoinHelper.JoinConditionSplitPredicates
-import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution}
+import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution,
+  StreamExecution}
 import org.apache.spark.sql.execution.umjoin.ActiveQueries
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
 
@@ -29,34 +37,51 @@ final case class PlannedStreamingGroup(physical: SparkPlan, output: Seq[Attribut
 }
 
 /**
- * Plans the stream-stream joins of a micro-batch before Spark does: at the root of the batch's
+ * Plans the joins of a stream in a micro-batch before Spark does: at the root of the batch's
  * logical plan, every stream-stream join becomes a [[StreamJoinMember]] (a description, never
- * planned as Spark's join), TSC groups them as [[StreamingUMJoinRule]] does, and each group
- * converted is planned as a StreamingUMJoin over its inputs; the rest of the plan, and every join
- * not converted, Spark plans as without UMJoin. The StreamingUMJoin gets its operator id from the
- * micro-batch's own counter, one id per stream-stream join reserved in plan order before Spark
- * numbers its operators, so ids are the same in every micro-batch and cannot collide with Spark's.
+ * planned as Spark's join) and every join of a stream with a static table the join Spark would
+ * plan for it (its `JoinSelection`, over the inputs still to be planned); TSC groups them, and each
+ * group converted is planned as a StreamingUMJoin over its inputs; the rest of the plan, and every
+ * join not converted, Spark plans as without UMJoin. A StreamingUMJoin takes the place of
+ * Spark's stream-stream joins in the checkpoint: its operator id comes from the micro-batch's own
+ * counter, one id per stream-stream join reserved in plan order before Spark numbers its
+ * operators, so ids are the same in every micro-batch and cannot collide with Spark's. A group of
+ * one stream and static tables replaces joins Spark keeps no state for: its id is one of
+ * [[StaticGroupIds]] on, which no operator of Spark's takes, so Spark's operators keep the ids
+ * they have without UMJoin whether or not it converts.
  */
-final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoinRule)
-  extends SparkStrategy {
+final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGroupPlanner)
+  extends SparkStrategy with JoinSelectionHelper with Logging {
   import StreamingPlannerStrategy._
 
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case planned: PlannedStreamingGroup => Seq(planned.physical)
-    case ReturnAnswer(root) if root.isStreaming && hasStreamJoin(root) =>
+    case ReturnAnswer(root) if root.isStreaming && root.exists(isJoinOfAStream) =>
       currentExecution.flatMap { ie =>
-        val (firstBatch, operators) = startOf(ie)
+        val run = StreamingRun.of(session, ie.runId)
+        def note(message: String): Unit = if (run.firstNote(message)) logInfo(s"UMJoin: $message")
+        val (firstBatch, operators) = startOf(ie, run)
+        val firstOfRun = ie.currentBatchId == firstBatch
         val umjoinState = operators.collect { case (id, UMJoinName) => id }
+        val sparkJoinState = operators.collect { case (id, SparkJoinName) => id }.toSeq.sorted
         if (!UMJoinConf.from(session.sessionState.conf).enabled) {
           // Spark's own restart check would fail first, naming operators only.
           umjoinState.minOption.foreach(id =>
-            throw StreamingUMJoinRule.umjoinStateUnread(ie.checkpointLocation, id))
+            throw StreamingGroupPlanner.umjoinStateUnread(ie.checkpointLocation, id))
           None
-        } else if (!plannable(root)) None
-        // State that Spark's joins wrote (without UMJoin, or converted after Spark planned them,
-        // as the physical rule does): that rule continues it, or says why not.
-        else if (umjoinState.isEmpty && operators.values.exists(_ == SparkJoinName)) None
-        else planGroups(root, ie, ie.currentBatchId == firstBatch)
+        } else if (umjoinState.isEmpty && sparkJoinState.nonEmpty) {
+          // State that Spark's joins wrote: they go on as they ran.
+          if (firstOfRun) sparkJoinState.foreach(refuseEarlierUMJoinState(ie, _))
+          note(s"the joins of this query stay as Spark planned them: the checkpoint " +
+            s"${ie.checkpointLocation} holds the state of operator " +
+            s"${sparkJoinState.mkString(", ")}, written when its join ran on its own (as " +
+            "Spark's join): it goes on as it ran (a new checkpoint location runs the joins as " +
+            "a StreamingUMJoin)")
+          None
+        } else if (leftToAdaptivePlanning(root)) {
+          if (root.exists(_.isInstanceOf[Join])) note(StreamingGroupPlanner.AdaptiveStreamStatic)
+          None
+        } else planGroups(root, ie, firstOfRun)
       }.map(r => Seq(planLater(r))).getOrElse(Nil)
     case _ => Nil
   }
@@ -65,11 +90,26 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
    * The run's first micro-batch, and the stateful operators the checkpoint's metadata named then
    * (read once per run).
    */
-  private def startOf(ie: IncrementalExecution): (Long, Map[Long, String]) = {
-    val started = StreamingRun.of(session, ie.runId).started
-    started.compareAndSet(null, (ie.currentBatchId,
+  private def startOf(ie: IncrementalExecution, run: StreamingRun): (Long, Map[Long, String]) = {
+    run.started.compareAndSet(null, (ie.currentBatchId,
       OperatorCheckpoint.operatorsIn(ie.checkpointLocation, session.sessionState.newHadoopConf())))
-    started.get
+    run.started.get
+  }
+
+  /**
+   * Refuses a StreamingUMJoin's state kept under an operator whose metadata names Spark's join:
+   * an earlier version of UMJoin replaced the joins after Spark had planned them (and written
+   * their metadata); Spark's join would read that state as its own.
+   */
+  private def refuseEarlierUMJoinState(ie: IncrementalExecution, operatorId: Long): Unit = {
+    val info = StreamingPlannerStrategy.stateInfoOf(ie, operatorId)
+    val checkpoint = new OperatorCheckpoint(info, session.sessionState.newHadoopConf())
+    if (checkpoint.hasUMJoinState) throw new IllegalStateException(checkpoint.refusal(
+      "a StreamingUMJoin's state written by an earlier version of UMJoin, which replaced " +
+        "Spark's joins after Spark had planned them (the checkpoint's metadata names Spark's " +
+        "join there); this version plans the joins itself and cannot continue that state. " +
+        "Finish the query with the UMJoin version that wrote it, or use a new checkpoint " +
+        "location"))
   }
 
   private def isStreamJoin(p: LogicalPlan): Boolean = p match {
@@ -77,59 +117,91 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
     case _ => false
   }
 
-  private def hasStreamJoin(root: LogicalPlan): Boolean = root.exists(isStreamJoin)
+  private def isJoinOfAStream(p: LogicalPlan): Boolean = p match {
+    case j: Join => j.isStreaming
+    case _ => false
+  }
 
   /**
-   * What this planner takes on for now: stream-stream joins whose inputs keep no state of their own
-   * and no stream-static join (those queries Spark plans, and the physical rule converts).
+   * Whether the micro-batch is left to Spark, planned adaptively as without UMJoin: Spark plans a
+   * micro-batch without stateful operators adaptively (AQE and AQE for stateless streaming, both
+   * on by default), and a StreamingUMJoin would make it stateful, so one without a stream-stream
+   * join converts only where a group may store a table (a micro-batch is then planned the same
+   * with AQE on and off, and a checkpoint continues under either).
    */
-  private def plannable(root: LogicalPlan): Boolean =
-    !root.exists { case j: Join => j.left.isStreaming != j.right.isStreaming; case _ => false } &&
-      root.collect { case j: Join if isStreamJoin(j) => Seq(j.left, j.right) }.flatten
-        .forall(side => !side.exists {
-          case _: Join | _: Project | _: Filter | _: EventTimeWatermark | _: LeafNode |
-               _: Union | _: SubqueryAlias => false
-          case other => other.isStreaming
+  private def leftToAdaptivePlanning(root: LogicalPlan): Boolean = {
+    val sqlConf = session.sessionState.conf
+    val conf = UMJoinConf.from(sqlConf)
+    sqlConf.adaptiveExecutionEnabled && sqlConf.adaptiveExecutionEnabledInStatelessStreaming &&
+      !root.exists(isStreamJoin) && !(conf.staticTables != StaticTablesMode.Reread &&
+        root.collect { case j: Join => joinedInputs(j) }.exists { inputs =>
+          val batchRows = inputs.filter(_.isStreaming).map(StaticStoring.estimatedRows).sum
+          inputs.size >= conf.minInputsOf(timeSliced = false) && inputs.exists(_.isStreaming) &&
+            inputs.exists(input => StaticVersions.versionable(input) &&
+              !canBroadcastBySize(input, sqlConf) && StaticStoring.stores(conf.staticTables,
+                Some(StaticStoring.estimatedRows(input)), Some(batchRows)))
         })
+  }
 
+  /**
+   * The inputs of the join tree under `plan`, through the projections and filters between its
+   * joins.
+   */
+  private def joinedInputs(plan: LogicalPlan): Seq[LogicalPlan] = plan match {
+    case j: Join => joinedInputs(j.left) ++ joinedInputs(j.right)
+    case p @ (_: Project | _: Filter) if p.children.head.isInstanceOf[Join] =>
+      joinedInputs(p.children.head)
+    case other => Seq(other)
+  }
+
+  /**
+   * The micro-batch being planned on this thread: Spark plans a micro-batch on its query's own
+   * thread, with the query's id and the batch id set as the thread's local properties.
+   */
   private def currentExecution: Option[IncrementalExecution] = {
     val sc = session.sparkContext
     for {
-      identity <- MicroBatchIdentity.current(session)
       classic <- Option(session).collect { case c: ClassicSession => c }
-      queryId <- Option(sc.getLocalProperty(
-        org.apache.spark.sql.execution.streaming.runtime.StreamExecution.QUERY_ID_KEY))
-      query <- ActiveQueries.byId(classic, java.util.UUID.fromString(queryId))
+      queryId <- Option(sc.getLocalProperty(StreamExecution.QUERY_ID_KEY))
+        .flatMap(id => Try(UUID.fromString(id)).toOption)
+      batchId <- Option(sc.getLocalProperty(MicroBatchExecution.BATCH_ID_KEY))
+        .flatMap(_.toLongOption)
+      query <- ActiveQueries.byId(classic, queryId)
       micro <- Option(query).collect { case m: MicroBatchExecution => m }
       context <- Option(micro.getLatestExecutionContext())
       ie <- Option(context.executionPlan)
-      if ie.currentBatchId == identity.batchId
+      if ie.currentBatchId == batchId
     } yield ie
   }
 
   /**
-   * The plan with the groups of each join region (a tree of stream-stream joins and the projections
+   * The plan with the groups of each join region (a tree of joins of streams and the projections
    * and filters between them) planned, or None when no group converts.
    */
   private def planGroups(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean)
       : Option[LogicalPlan] = {
     def startsRegion(l: LogicalPlan): Boolean = l match {
-      case j: Join => isStreamJoin(j)
+      case j: Join => isJoinOfAStream(j)
       case p: Project => startsRegion(p.child)
       case f: Filter => startsRegion(f.child)
       case _ => false
     }
     var converted = false
+    val staticSlots = Iterator.from(0)
     def visit(l: LogicalPlan): LogicalPlan =
       if (startsRegion(l)) {
-        planRegion(l, ie, firstOfRun).map { r => converted = true; r }.getOrElse(l)
+        planRegion(l, ie, firstOfRun, staticSlots).map { r => converted = true; r }.getOrElse(l)
       } else l.mapChildren(visit)
     val rewritten = visit(root)
     Option.when(converted)(rewritten)
   }
 
-  private def planRegion(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean)
-      : Option[LogicalPlan] = {
+  /**
+   * The region's groups planned, or None when none converts. `staticSlots` numbers the joins of a
+   * stream with a static table in the micro-batch's plan order.
+   */
+  private def planRegion(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean,
+      staticSlots: Iterator[Int]): Option[LogicalPlan] = {
     val now = ie.offsetSeqMetadata.batchWatermarkMs
     val before = ie.prevOffsetSeqMetadata.map(_.batchWatermarkMs).getOrElse(0L)
     val logicalOf = new IdentityHashMap[SparkPlan, LogicalPlan]()
@@ -137,6 +209,7 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
     // simulation gives them.
     def standIn(l: LogicalPlan): (SparkPlan, Option[Long], Option[Long]) = {
       val (node, wNow, wBefore) = l match {
+        case static if !static.isStreaming => (PlanLater(static), None, None)
         case j @ ExtractEquiJoinKeys(joinType, leftKeys, rightKeys, other, _, left, right, _)
             if isStreamJoin(j) =>
           val (ls, lNow, lBefore) = standIn(left)
@@ -151,6 +224,25 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
             input(now, inNow), ls, rs)
           (member, inNow.flatMap(member.produceOutputWatermark),
             inBefore.flatMap(member.produceOutputWatermark))
+        case j @ ExtractEquiJoinKeys(_, _, _, _, _, left, right, _) =>
+          // A stream joined with a static table: the join Spark would plan, its static side
+          // under the broadcast Spark would put there.
+          val (ls, lNow, lBefore) = standIn(left)
+          val (rs, rNow, rBefore) = standIn(right)
+          def broadcast(side: SparkPlan, logical: LogicalPlan): SparkPlan = {
+            val exchange = BroadcastExchangeExec(IdentityBroadcastMode, side)
+            logicalOf.put(exchange, logical)
+            exchange
+          }
+          val node = ie.planner.JoinSelection(j).headOption match {
+            case Some(b: BroadcastHashJoinExec) if b.buildSide == BuildRight && left.isStreaming =>
+              b.withNewChildren(Seq(ls, broadcast(rs, right)))
+            case Some(b: BroadcastHashJoinExec) if b.buildSide == BuildLeft && right.isStreaming =>
+              b.withNewChildren(Seq(broadcast(ls, left), rs))
+            case Some(spark) => spark.withNewChildren(Seq(ls, rs))
+            case None => PlanLater(j)
+          }
+          (node, (lNow ++ rNow).minOption, (lBefore ++ rBefore).minOption)
         case p: Project =>
           val (c, a, b) = standIn(p.child)
           (ProjectExec(p.projectList, c), a, b)
@@ -165,26 +257,33 @@ final class StreamingPlannerStrategy(session: SparkSession, rule: StreamingUMJoi
       (node, wNow, wBefore)
     }
     val tree = standIn(root)._1
-    // One id per stream-stream join, in plan order, taken from the micro-batch's counter (and
-    // given back if no group converts: Spark's joins then get the ids they get without UMJoin).
-    val joins = tree.collect { case j: StreamJoinMember => j }
+    // One id per stream-stream join, in plan order, taken from the micro-batch's counter (and given
+    // back if no group converts: Spark's joins then get the ids they get without UMJoin); one per
+    // join of a stream with a static table from StaticGroupIds on.
+    val streamJoins = tree.collect { case j: StreamJoinMember => j }
+    val staticJoins = tree.collect { case j: BaseJoinExec => j }
     val ids = new IdentityHashMap[SparkPlan, StatefulOperatorStateInfo]()
-    joins.foreach(j => ids.put(j, StreamingPlannerStrategy.nextStateInfo(ie)))
-    def operatorOf(groupRoot: SparkPlan): Option[StatefulOperatorStateInfo] =
-      groupRoot.collectFirst { case j: StreamJoinMember => ids.get(j) }
+    streamJoins.foreach(j => ids.put(j, StreamingPlannerStrategy.nextStateInfo(ie)))
+    staticJoins.foreach(j => ids.put(j,
+      StreamingPlannerStrategy.stateInfoOf(ie, StaticGroupIds + staticSlots.next())))
+    val joins = streamJoins ++ staticJoins
+    // A group's operator is its first stream-stream join's, else its first join's.
+    def operatorOf(members: Seq[SparkPlan]): Option[StatefulOperatorStateInfo] =
+      members.collectFirst { case j: StreamJoinMember => ids.get(j) }
+        .orElse(members.collectFirst { case j: BaseJoinExec if ids.containsKey(j) => ids.get(j) })
     // An input measured on the first micro-batch runs as Spark plans it.
     def runnable(input: SparkPlan): SparkPlan =
       input.transformUp { case later: PlanLater => ie.planner.plan(later.plan).next() }
     val marked = root.exists(_.isInstanceOf[EventTimeWatermark])
-    val groups = rule.plannedGroups(tree, operatorOf, joins.map(ids.get), firstOfRun, ie.runId,
-      runnable, Option.when(marked)(now))
-    if (groups.isEmpty) {
-      StreamingPlannerStrategy.giveBack(ie, joins.size)
+    val planned = groups.plannedGroups(tree, operatorOf, joins.map(ids.get), firstOfRun,
+      ie.runId, runnable, Option.when(marked)(now))
+    if (planned.isEmpty) {
+      StreamingPlannerStrategy.giveBack(ie, streamJoins.size)
       None
     }
     else {
       val byRoot = new IdentityHashMap[LogicalPlan, (Seq[SparkPlan] => SparkPlan, Seq[SparkPlan])]()
-      groups.foreach { case (groupRoot, inputs, build) =>
+      planned.foreach { case (groupRoot, inputs, build) =>
         byRoot.put(logicalOf.get(groupRoot), (build, inputs))
       }
       def rewrite(l: LogicalPlan): LogicalPlan = Option(byRoot.get(l)) match {
@@ -209,12 +308,25 @@ object StreamingPlannerStrategy {
     method.invoke(ie).asInstanceOf[StatefulOperatorStateInfo]
   }
 
+  /** The state of operator `id` in this micro-batch, as the counter gives it (left as it was). */
+  private def stateInfoOf(ie: IncrementalExecution, id: Long): StatefulOperatorStateInfo = {
+    val next = nextStateInfo(ie)
+    giveBack(ie, 1)
+    next.copy(operatorId = id)
+  }
+
   /** Gives the micro-batch's counter back the last `count` ids taken (none taken since). */
   private def giveBack(ie: IncrementalExecution, count: Int): Unit = {
     val field = classOf[IncrementalExecution].getDeclaredField("statefulOperatorId")
     field.setAccessible(true)
     field.get(ie).asInstanceOf[java.util.concurrent.atomic.AtomicInteger].addAndGet(-count)
   }
+
+  /**
+   * The first operator id of groups of one stream and static tables: far above the ids Spark
+   * gives (from 0, one per stateful operator of the plan).
+   */
+  val StaticGroupIds: Long = 1000000L
 
   private val UMJoinName = StreamingUMJoinExec.ShortName
   /** Spark's stream-stream join's `shortName`, as its metadata names it. */

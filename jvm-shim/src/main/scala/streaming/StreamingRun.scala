@@ -14,20 +14,19 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
 
 /**
  * What the StreamingUMJoins of one query run keep on the driver between micro-batches, outside
- * their checkpoints: the rule's notes (each logged once; the ones saying why joins stayed Spark's
- * are what `umjoin.plans.unconverted_streaming_joins` returns), each operator's probe routes and
+ * their checkpoints: the planner's notes (each logged once; the ones saying why joins stayed
+ * Spark's are what `umjoin.plans.unconverted_streaming_joins` returns), each operator's routes and
  * their statistics ([[StreamingRoutes]]), the last load of each stored static table
  * ([[StaticVersions]]), what the last micro-batch counted of rows placed by an earlier time slicing
- * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), whose state each join's
- * checkpoint held when the run started ([[OperatorCheckpoint.WrittenBy]]), and the operators
- * Spark's metadata named then.
+ * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), and the operators Spark's
+ * metadata of the checkpoint named when the run started.
  *
  * The run owns it (see [[StreamingRun.of]]): it goes with the query, and a restart (a new run)
  * begins anew, as Spark's joins do.
  */
 final class StreamingRun(val runId: UUID) {
   /**
-   * The rule's messages: (message, whether it says why joins stay as Spark planned them), in the
+   * The planner's messages: (message, whether it says why joins stay as Spark planned them), in the
    * order first seen.
    */
   private val notes = mutable.LinkedHashSet[(String, Boolean)]()
@@ -44,12 +43,6 @@ final class StreamingRun(val runId: UUID) {
   private[streaming] val sliceDrains = new ConcurrentHashMap[(Long, Int), SliceDrain]()
   /** Per operator id: what the last micro-batch measured of its time-sliced stores' costs. */
   private[streaming] val sliceCosts = new ConcurrentHashMap[Long, SliceCosts]()
-  /**
-   * Per operator id: whose state its checkpoint held when the run first looked (listed once, not
-   * every micro-batch).
-   */
-  private[streaming] val writtenBefore =
-    new ConcurrentHashMap[Long, OperatorCheckpoint.WrittenBy]()
   /** The run's first micro-batch and the stateful operators its checkpoint named then. */
   private[streaming] val started = new AtomicReference[(Long, Map[Long, String])]()
 

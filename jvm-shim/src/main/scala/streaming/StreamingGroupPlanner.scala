@@ -14,18 +14,15 @@ import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, Attribu
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
-import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, PlanLater, ProjectExec,
   SortExec, SparkPlan}
 import org.apache.spark.sql.execution.datasources.{HadoopFsRelation, LogicalRelation}
-import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
-import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, EnsureRequirements,
-  ShuffleExchangeExec}
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo,
   WatermarkSupport}
-import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
-  StreamingSymmetricHashJoinExec, StreamingSymmetricHashJoinHelper}
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.
+  StreamingSymmetricHashJoinHelper
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
@@ -34,9 +31,7 @@ import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, 
   TwoStepConvert}
 
 /**
- * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `identity` is the
- * stream-stream join whose operator id and checkpoint place the StreamingUMJoin takes over; a group
- * of one stream and static tables has none, and `stateInfo` is a new operator's. `marks` are the
+ * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `marks` are the
  * columns each input's rows carry for the late filters over partial combinations (see
  * [[StreamingWatermarks]]), whose conditions are among the graph's residuals. `output` is what the
  * StreamingUMJoin puts out: the group's output, or the input columns it is computed from, by
@@ -47,9 +42,8 @@ final case class StreamingGroupPlan(
     inputs: Seq[SparkPlan],
     layout: StreamingLayout,
     stateInfo: StatefulOperatorStateInfo,
-    identity: Option[StreamingSymmetricHashJoinExec],
     marks: Seq[Seq[Alias]],
-    watermarks: Option[JoinWatermarks],
+    outputWatermarkShiftMs: Long,
     output: Seq[Attribute],
     project: Option[Seq[NamedExpression]],
     lateRows: Seq[Option[Expression]],
@@ -69,94 +63,18 @@ final case class PaddingPlan(starts: Map[Int, Int], now: Map[Int, Expression],
     before: Map[Int, Expression])
 
 /**
- * The streaming hook: a physical rule run on every micro-batch's plan after Spark gave its
- * stream-stream joins their state (operator ids, checkpoint, partitions, watermarks) and inserted
- * their exchanges. TSC runs on this physical plan with the member patterns of
- * `rules/streaming.yaml`; every group of inner equi-joins whose inputs are connected by join keys
- * becomes one StreamingUMJoin, which keeps the top stream-stream join's state identity (operator
- * id) and, through [[StreamingUMJoinMemberExec]], the other ones' ids for Spark's watermark
- * bookkeeping. A group of one stream and static tables, one of them stored, takes a new operator id
- * ([[MicroBatchIdentity]]): Spark's stream-static joins keep no state to take over.
- * The layout of its state (each input's partitioning key and indexes, the routes) is chosen by the
- * probe-cost model when the query starts on a new checkpoint, and read from the checkpoint after.
- * What cannot be converted keeps Spark's joins, and the reason is logged once per query run.
- *
- * Why a physical rule and not a rewrite into Spark's own stateful machinery: Spark plans
- * stream-stream joins with its own strategy before any extension strategy and assigns state only to
- * its built-in operators, so the only place that sees the joins together with their state is the
- * prepared plan.
+ * Plans the groups of a micro-batch's joins of streams ([[StreamingPlannerStrategy]] gives it the
+ * joins as a tree of stand-ins over inputs still to be planned): TSC runs on that tree with the
+ * member patterns of `rules/streaming.yaml`, and every group it can run exactly becomes one
+ * StreamingUMJoin. A group's state layout (each input's partitioning key and indexes, the routes)
+ * is chosen by the probe-cost model when the query starts on a new checkpoint, and read from the
+ * checkpoint after. What cannot be converted keeps Spark's joins, and the reason is logged once
+ * per query run.
  */
-final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[SparkPlan])
-  extends Rule[SparkPlan] with PredicateHelper with Logging {
+final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPatterns[SparkPlan])
+  extends PredicateHelper with Logging {
 
   private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf, PhysicalPatterns.keptAsInput)
-
-  override def apply(planned: SparkPlan): SparkPlan = {
-    val whole = planned.exists(_.isInstanceOf[WholeMicroBatchExec])
-    val plan =
-      if (whole) planned.transform { case marker: WholeMicroBatchExec => marker.child } else planned
-    val stateful =
-      plan.collect { case j: StreamingSymmetricHashJoinExec if j.stateInfo.isDefined => j }
-    // Without a stream-stream join, a micro-batch may still join one stream with stored static
-    // tables. Spark plans such a micro-batch adaptively unless WholeMicroBatchStrategy marked it:
-    // then this rule sees one query stage at a time, never a whole join.
-    lazy val microBatch =
-      if (PhysicalPatterns.isStreaming(plan)) MicroBatchIdentity.current(session) else None
-    lazy val adaptive = !whole &&
-      (plan.exists(p => p.isInstanceOf[QueryStageExec] || p.isInstanceOf[AdaptiveSparkPlanExec]) ||
-        WholeMicroBatchStrategy.sparkPlansAdaptively(session.sessionState.conf))
-    if (stateful.isEmpty && microBatch.isDefined && adaptive) {
-      if (UMJoinConf.from(session.sessionState.conf).enabled &&
-          plan.exists(_.isInstanceOf[BaseJoinExec]) &&
-          StreamingRun.of(session, microBatch.get.runId)
-            .firstNote(StreamingUMJoinRule.AdaptiveStreamStatic))
-        logInfo(s"UMJoin: ${StreamingUMJoinRule.AdaptiveStreamStatic}")
-      plan
-    } else if (stateful.isEmpty && microBatch.isEmpty) plan
-    else {
-      val conf = UMJoinConf.from(session.sessionState.conf)
-      val runId = stateful.headOption.map(_.getStateInfo.queryRunId).getOrElse(microBatch.get.runId)
-      // A group without a stream-stream join gets a new operator id, by its root's place among the
-      // plan's joins.
-      val joins = plan.collect { case j: BaseJoinExec => j }
-      def newOperator(root: SparkPlan): Option[StatefulOperatorStateInfo] =
-        microBatch.map(_.newOperator(plan, joins.indexWhere(_ eq root) + 1,
-          session.sessionState.conf.numShufflePartitions))
-      def unconverted(message: String): Unit =
-        if (StreamingRun.of(session, runId).firstNote(message)) logInfo(s"UMJoin: $message")
-      val measure = measuredOnce(identity)
-      val mismatched = mutable.Map[Long, String]()
-      val accepted =
-        if (conf.enabled) new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
-          g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
-            conf.staticTables, conf.timeSlices, newOperator, mismatched))
-          .acceptedGroups(plan, (root, reason) => unconverted("the join group under " +
-            s"${describe(root)} stays as Spark planned it: $reason${cutBy(plan, root)}"))
-        else Nil
-      // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
-      // why it stays too.
-      if (conf.enabled) stateful.filter(j => patterns.roleOf(j).isEmpty).foreach { j =>
-        val why =
-          if (j.joinType == FullOuter) " (both its sides are padded: a StreamingUMJoin pads one " +
-            "side per outer join; alone, with join trees on its sides cut off, it would keep its " +
-            "two inputs in state, as Spark's join does)"
-          else ""
-        unconverted(
-          s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml admits no " +
-            s"${j.joinType.sql} stream-stream joins$why")
-      }
-      val plans = new IdentityHashMap[SparkPlan, StreamingGroupPlan]()
-      accepted.foreach { case (group, p) => plans.put(group.root, p) }
-      checkCheckpoint(plan, accepted.flatMap(_._2.identity), mismatched)
-      val converted = tsc.getMultiJoinNode(plan, accepted.map(_._1),
-        (group, inputs) => build(group, plans.get(group.root), inputs, conf))
-      // Spark placed its exchanges for the joins it planned: an operator above a group (a
-      // stream-stream join the group does not take, a deduplication) may read their output as
-      // partitioned by a join key, with no exchange between. A StreamingUMJoin's rows are
-      // partitioned otherwise, so what is above it is given the partitioning it requires.
-      if (accepted.isEmpty) converted else EnsureRequirements().apply(converted)
-    }
-  }
 
   /**
    * The first micro-batch's figures of inputs (with the keys counted), each input measured once:
@@ -176,15 +94,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 
   /**
-   * The streaming planner's groups ([[StreamingPlannerStrategy]]): `tree` is a micro-batch's plan
-   * with its stream-stream joins as StreamJoinMembers over inputs still to be planned; each group
-   * converted comes with its root, its inputs and how to build its StreamingUMJoin over them once
-   * planned. `operatorOf` gives a group its state (by its root); `reserved` is the state of every
-   * join's operator id, which the groups' checkpoint is checked against on a run's first
-   * micro-batch (`firstOfRun`).
+   * The groups of `tree`, a micro-batch's joins of streams as stand-ins over inputs still to be
+   * planned (see [[StreamingPlannerStrategy]]); each group converted comes with its root, its
+   * inputs and how to build its StreamingUMJoin over them once planned. `operatorOf` gives a group
+   * its state (by its members); `reserved` is the state of every join's operator id, which the
+   * groups' checkpoint is checked against on a run's first micro-batch (`firstOfRun`).
    */
   def plannedGroups(tree: SparkPlan,
-      operatorOf: SparkPlan => Option[StatefulOperatorStateInfo],
+      operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
       reserved: Seq[StatefulOperatorStateInfo], firstOfRun: Boolean,
       runId: java.util.UUID, runnable: SparkPlan => SparkPlan, inputWatermark: Option[Long])
       : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
@@ -198,6 +115,19 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         conf.staticTables, conf.timeSlices, operatorOf, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
+    // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
+    // why it stays too.
+    tree.foreach {
+      case StreamJoin(j) if patterns.roleOf(j.node).isEmpty =>
+        val why =
+          if (j.joinType == FullOuter) " (both its sides are padded: a StreamingUMJoin pads one " +
+            "side per outer join; alone, with join trees on its sides cut off, it would keep its " +
+            "two inputs in state, as Spark's join does)"
+          else ""
+        unconverted(s"the ${describe(j)} stays as Spark planned it: rules/streaming.yaml " +
+          s"admits no ${j.joinType.sql} stream-stream joins$why")
+      case _ =>
+    }
     if (firstOfRun) {
       val hadoopConf = session.sessionState.newHadoopConf()
       val converted = accepted.map(_._2.stateInfo.operatorId).toSet
@@ -212,25 +142,11 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
 
   /**
    * A query restarted from a checkpoint keeps the state layout it was written with: a join tree's
-   * state is either UMJoin's (one store per stream, under the top join's operator id, with its
-   * layout recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse;
-   * this names the problem instead (`mismatched`: why the groups tried did not fit an operator's
-   * recorded layout).
-   */
-  private def checkCheckpoint(plan: SparkPlan, identities: Seq[StreamingSymmetricHashJoinExec],
-      mismatched: scala.collection.Map[Long, String]): Unit = {
-    lazy val hadoopConf = session.sessionState.newHadoopConf()
-    plan.foreach {
-      case join: StreamingSymmetricHashJoinExec if join.stateInfo.exists(_.storeVersion > 0) =>
-        checkOperatorState(join.getStateInfo, identities.exists(_ eq join), mismatched,
-          hadoopConf)
-      case _ =>
-    }
-  }
-
-  /**
-   * The check of [[checkCheckpoint]] for one operator's state: `isUMJoin`, whether a group this
-   * run converts holds it.
+   * state is either UMJoin's (one store per stream, under the group's operator id, with its layout
+   * recorded beside it) or Spark's. Reading one as the other would fail obscurely, or worse; this
+   * names the problem instead, for one operator's state: `isUMJoin`, whether a group this run
+   * converts holds it; `mismatched`, why the groups tried did not fit an operator's recorded
+   * layout.
    */
   private def checkOperatorState(info: StatefulOperatorStateInfo, isUMJoin: Boolean,
       mismatched: scala.collection.Map[Long, String], hadoopConf: Configuration): Unit = {
@@ -261,7 +177,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     if (!isUMJoin && hasUMJoinState) {
       mismatched.get(info.operatorId)
         .foreach(refusal => throw new IllegalStateException(refusal))
-      throw StreamingUMJoinRule.umjoinStateUnread(info.checkpointLocation, info.operatorId)
+      throw StreamingGroupPlanner.umjoinStateUnread(info.checkpointLocation, info.operatorId)
     }
   }
 
@@ -278,9 +194,9 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
     }
     above(root) match {
       case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty &&
-          p.exists(_.isInstanceOf[StreamingSymmetricHashJoinExec]) &&
-          plan.exists(j => j.isInstanceOf[StreamingSymmetricHashJoinExec] &&
-            j.children.exists(_.exists(_ eq p))) =>
+          p.exists(StreamJoin.unapply(_).isDefined) &&
+          plan.exists(j =>
+            StreamJoin.unapply(j).isDefined && j.children.exists(_.exists(_ eq p))) =>
         val computed = p.projectList.filterNot(_.deterministic).map(_.sql)
         s"; the projection [${p.projectList.map(_.sql).mkString(", ")}" +
           "] above it cuts it from the stream-stream join above: " +
@@ -316,7 +232,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   private def tryPlan(group: MultiJoinGroup[SparkPlan],
       measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
       compositeIndexes: Boolean, staticTables: StaticTablesMode,
-      timeSlices: Option[Int], newOperator: SparkPlan => Option[StatefulOperatorStateInfo],
+      timeSlices: Option[Int], operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
@@ -352,7 +268,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       case _ => Nil
     }.map(resolve)
     val lateFilters = sideLateFilters(group, stateful, kinds, resolve)
-    val joinWatermarks = JoinWatermarks.of(group, stateful)
+    val outputWatermarkShift = JoinWatermarks.outputShiftMs(group, stateful)
     val filters = lateFilters.getOrElse(Nil)
     val unmarkedOutputs = unmarked.map(_.output)
     val combined = filters.filterNot(_.atArrival(unmarkedOutputs))
@@ -368,28 +284,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       e.asInstanceOf[Attribute].exprId == a.exprId) }
     val read = AttributeSet(resultColumns.flatMap(_._2.references))
     val resultInputs = outputs.flatten.filter(read.contains).distinct
-    val stateInfo = stateful.headOption.flatMap(_.stateInfo).orElse(newOperator(group.root))
+    val stateInfo = operatorOf(group.members)
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the
     // checkpoint's choice then stays).
     val recorded = stateful.isEmpty && checkpoint.exists(_.hasLayout)
-    // State the group would not read: Spark's join's (UMJoin off, or the join not converted then),
-    // or that of a StreamingUMJoin under a join other than the group's first. Those joins go on as
-    // they ran.
-    val ranOnItsOwn =
-      stateful.zipWithIndex.collect { case (j, k) if j.stateInfo.isDefined => (j.stateInfo.get, k) }
-        .filter { case (s, k) =>
-        lazy val written = StreamingRun.of(session, s.queryRunId).writtenBefore
-          .computeIfAbsent(s.operatorId, _ => OperatorCheckpoint.writtenBy(
-            new OperatorCheckpoint(s, session.sessionState.newHadoopConf())))
-        s.storeVersion > 0 && (written.sparkJoin || k > 0 && written.umjoin)
-      }.map(_._1)
     if (streams.isEmpty) Left("it reads no stream")
-    else if (ranOnItsOwn.nonEmpty)
-      Left(s"the checkpoint ${ranOnItsOwn.head.checkpointLocation} holds the state of operator " +
-        s"${ranOnItsOwn.map(_.operatorId).mkString(", ")}" +
-        ", written when its join ran on its own (as Spark's join, or as another " +
-        "StreamingUMJoin): it goes on as it ran (a new checkpoint location runs the group as one)")
     else if (stateInfo.isEmpty)
       Left("the streaming query it belongs to is not found (UMJoin stores static tables in " +
         "micro-batch queries only)")
@@ -409,7 +309,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
     else if (semiAndOuter.isLeft) Left(semiAndOuter.swap.toOption.get)
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
-    else if (joinWatermarks.isLeft) Left(joinWatermarks.swap.toOption.get)
+    else if (outputWatermarkShift.isLeft) Left(outputWatermarkShift.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
         filterJoins = semiJoins.map { case (j, o) => FilterJoin(o, LeftSemi, joinConjuncts(j)) },
         outerJoins = outerJoins.map { case (j, o) => OuterJoin(o, joinConjuncts(j)) },
@@ -459,10 +359,8 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
             inputs = inputs,
             layout = layout,
             stateInfo = info,
-            identity = stateful.headOption.map(_.node)
-              .collect { case j: StreamingSymmetricHashJoinExec => j },
             marks = marks,
-            watermarks = joinWatermarks.toOption.flatten,
+            outputWatermarkShiftMs = outputWatermarkShift.getOrElse(0L),
             output = if (!computed) group.root.output else resultInputs.map { a =>
               // An outer join pads its non-preserved input's columns with NULLs.
               if (outerJoins.exists { case (_, o) => AttributeSet(outputs(o)).contains(a) })
@@ -733,9 +631,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       "none (every join counted one-to-one)")
   }
 
-  private def estimatedRows(plan: SparkPlan): Option[Double] = plan.logicalLink match {
-    case Some(logical) => Some(StaticStoring.estimatedRows(logical))
-    case None => plan.children.headOption.flatMap(estimatedRows)
+  private def estimatedRows(plan: SparkPlan): Option[Double] = plan match {
+    case later: PlanLater => Some(StaticStoring.estimatedRows(later.plan))
+    case _ => plan.logicalLink match {
+      case Some(logical) => Some(StaticStoring.estimatedRows(logical))
+      case None => plan.children.headOption.flatMap(estimatedRows)
+    }
   }
 
   /**
@@ -818,29 +719,14 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
         logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
     }
-    // The replaced joins' ids: on the carrier input where they pass Spark's watermarks on, else
-    // above the StreamingUMJoin.
-    val replaced = group.members.collect {
-      case j: StreamingSymmetricHashJoinExec if !plan.identity.exists(_ eq j) => j
-    }
-    def throughReplaced(input: SparkPlan,
-        joins: Seq[(StreamingSymmetricHashJoinExec, Long)]): SparkPlan =
-      joins.foldLeft(input) { case (child, (j, shift)) =>
-        StreamingUMJoinMemberExec(j.stateInfo, shift, child)
-      }
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
       val marked =
         if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
       StreamingUMJoinExec.placement(layout, plan.graph, j, partitions) match {
-        case Some(key) =>
-          val placed = partitionedBy(marked, key, partitions)
-          plan.watermarks.filter(_.carrier == j).fold(placed)(w => throughReplaced(placed, w.chain))
+        case Some(key) => partitionedBy(marked, key, partitions)
         case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
       }
     }
-    require(plan.watermarks.forall(w =>
-      w.chain.isEmpty || layout.partitionClass(w.carrier).isDefined),
-      "the stream carrying the watermarks is partitioned")
     val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
       output = plan.output,
@@ -861,14 +747,12 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
       stateInfo = Some(info),
       eventTimeWatermarkForEviction = plan.evictionWatermark,
       sliceBounds = plan.sliceBounds,
-      outputWatermarkShiftMs = plan.watermarks.map(_.outputShiftMs).getOrElse(0L),
+      outputWatermarkShiftMs = plan.outputWatermarkShiftMs,
       inputWatermarkForEviction = inputWatermark,
       children = children)
     logInfo(s"UMJoin: ${group.members.count(StreamJoin.unapply(_).isDefined)}" +
       s" stream-stream joins become ${umjoin.simpleString(10)}")
-    val joined =
-      if (plan.watermarks.isDefined) umjoin else throughReplaced(umjoin, replaced.map(_ -> 0L))
-    plan.project.fold(joined)(ProjectExec(_, joined))
+    plan.project.fold[SparkPlan](umjoin)(ProjectExec(_, umjoin))
   }
 
   /**
@@ -900,7 +784,7 @@ final class StreamingUMJoinRule(session: SparkSession, patterns: MemberPatterns[
   }
 }
 
-object StreamingUMJoinRule {
+object StreamingGroupPlanner {
   val AdaptiveStreamStatic: String = "the stream-static joins of this query stay " +
     "as Spark planned them, adaptively: no join of a stream with at least spark.umjoin.minInputs " +
     "inputs reads a table UMJoin would store (one read from files, too large to broadcast, with " +
@@ -913,7 +797,7 @@ object StreamingUMJoinRule {
   def umjoinStateUnread(checkpointLocation: String, operatorId: Long): IllegalStateException =
     new IllegalStateException(s"The checkpoint $checkpointLocation" +
       s" holds StreamingUMJoin state for operator $operatorId" +
-      (", but this run plans Spark's stream-stream joins there (spark.umjoin.enabled is " +
+      (", but this run plans Spark's joins there (spark.umjoin.enabled is " +
         "false, or the ") +
       ("join no longer converts). Restart with the settings the checkpoint was written " +
         "with, or use a new checkpoint location."))
