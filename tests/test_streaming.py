@@ -775,6 +775,27 @@ def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_goes_on_with_sparks_
     assert any("holds the state of operator" in r and "written when its join ran on its own" in r for r in reasons), reasons
 
 
+def test_umjoin_state_under_the_metadata_of_sparks_join_is_refused_with_the_fix(spark: SparkSession, tmp_path: Path) -> None:
+    """Versions before the planner replaced Spark's joins after Spark had planned them, so the checkpoint's metadata
+    names Spark's join where UMJoin's state is. Such a checkpoint (here: Spark's joins' checkpoint with a StreamingUMJoin
+    layout record written beside the top join's state, as those versions kept it) is refused on the run's first
+    micro-batch, saying which version can finish it, rather than run as Spark's joins over UMJoin's stores."""
+    for directory in (tmp_path, tmp_path / "umjoin"):
+        for name in "xyz":
+            write_batches(directory / name, f"{name}_k BIGINT", [[(1,), (2,)]])
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        _run_star_to_files(spark, tmp_path)
+    _run_star_to_files(spark, tmp_path / "umjoin")
+    (layout,) = (tmp_path / "umjoin" / "ck" / "state").glob("*/_umjoin_layout.json")
+    (tmp_path / "ck" / "state" / "0" / layout.name).write_text(layout.read_text())
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,)]])
+    with pytest.raises(Exception) as failure:
+        _run_star_to_files(spark, tmp_path)
+    assert "written by an earlier version of UMJoin" in str(failure.value)
+    assert "Finish the query with the UMJoin version that wrote it, or use a new checkpoint location" in str(failure.value)
+
+
 def test_adaptive_probe_order_keeps_statistics_across_batches_and_the_answer(spark: SparkSession, tmp_path: Path) -> None:
     """dpPick re-chooses every stream's route between micro-batches from the batches before; the
     routes change (y matches few keys, z all of them) and the answer stays the batch join's."""

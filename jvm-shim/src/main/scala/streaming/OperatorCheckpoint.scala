@@ -85,22 +85,37 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
    */
   def recordedLayout(graph: JoinGraph,
       outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
+    layoutRecord.flatMap(layoutOf(_, graph, outputs))
+
+  /** The layout record's text (None: not yet), or why it cannot be read, said for people. */
+  def layoutRecord: Either[String, Option[String]] =
     if (!fs.exists(layoutFile)) Right(None)
-    else {
-      val text = try Right(textOf(layoutFile)) catch {
-        case e: java.io.IOException =>
-          Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
-      }
-      text.flatMap(fromJson(_, graph, outputs, info.numPartitions).map(Some(_)).left.map(refusal))
+    else try Right(Some(textOf(layoutFile))) catch {
+      case e: java.io.IOException =>
+        Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
+    }
+
+  /** [[recordedLayout]] from the record's text. */
+  def layoutOf(record: Option[String], graph: JoinGraph,
+      outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
+    record match {
+      case None => Right(None)
+      case Some(text) =>
+        fromJson(text, graph, outputs, info.numPartitions).map(Some(_)).left.map(refusal)
     }
 
   /**
    * Records the layout when the operator's state starts (the first batch); later batches find it
-   * there.
+   * there. The record's text, as written now or before.
    */
   def recordLayout(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]],
-      labels: Seq[String]): Unit =
-    if (!fs.exists(layoutFile)) write(layoutFile, toJson(layout, graph, outputs, labels))
+      labels: Seq[String]): String =
+    if (fs.exists(layoutFile)) textOf(layoutFile)
+    else {
+      val text = toJson(layout, graph, outputs, labels)
+      write(layoutFile, text)
+      text
+    }
 
   /**
    * The file recording the time slicing micro-batch `version` changed to (files are never

@@ -112,7 +112,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
       g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
-        conf.staticTables, conf.timeSlices, operatorOf, mismatched))
+        conf.staticTables, conf.timeSlices, operatorOf, firstOfRun, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
     // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
@@ -226,13 +226,15 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
    * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
    * composite with `compositeIndexes`; its large static tables stored where `staticTables` says
    * to; its event times cut into `timeSlices` slices where it has no equi-join key,
-   * None: Spark's default parallelism). `mismatched` hears, per operator, why a checkpoint's
-   * recorded layout does not fit the group tried.
+   * None: Spark's default parallelism); its operator's state from `operatorOf`; the files of an
+   * earlier version checked on the run's first micro-batch (`firstOfRun`). `mismatched` hears,
+   * per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan],
       measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
       compositeIndexes: Boolean, staticTables: StaticTablesMode,
       timeSlices: Option[Int], operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
+      firstOfRun: Boolean,
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
@@ -286,9 +288,15 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     val resultInputs = outputs.flatten.filter(read.contains).distinct
     val stateInfo = operatorOf(group.members)
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
+    // The layout record, read once per run (the operator keeps what it writes in the run).
+    val record = checkpoint.fold[Either[String, Option[String]]](Right(None)) { c =>
+      val records = StreamingRun.of(session, stateInfo.get.queryRunId).layoutRecords
+      Option(records.get(stateInfo.get.operatorId)).map(Right(_)).getOrElse(
+        c.layoutRecord.map { text => records.put(stateInfo.get.operatorId, text); text })
+    }
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the
     // checkpoint's choice then stays).
-    val recorded = stateful.isEmpty && checkpoint.exists(_.hasLayout)
+    val recorded = stateful.isEmpty && record.exists(_.isDefined)
     if (streams.isEmpty) Left("it reads no stream")
     else if (stateInfo.isEmpty)
       Left("the streaming query it belongs to is not found (UMJoin stores static tables in " +
@@ -345,7 +353,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
           ("combination of its preserved side can no longer find a match, so none would ever " +
             "be let go"))
       else if (padding.isLeft) Left(padding.swap.toOption.get)
-      else if (outerJoins.nonEmpty &&
+      else if (outerJoins.nonEmpty && firstOfRun &&
           checkpoint.exists(_.hasUnmatchedStores(outerJoins.map(_._2).toSet)))
         throw new IllegalStateException(checkpoint.get.refusal(
           "its outer join's waiting combinations were written by an earlier version of UMJoin, " +
@@ -446,7 +454,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
             case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2))
               .resliced(slices, timeSpanMs, drained, reported)
           }
-        checkpoint.get.recordedLayout(graph, outputs).map(_.map(continued).getOrElse {
+        record.flatMap(checkpoint.get.layoutOf(_, graph, outputs)).map(_.map(continued).getOrElse {
           val measured =
             measure(inputs.indices.map(i => (unmarked(i), FirstBatchStatistics.keys(graph, i))))
           val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {

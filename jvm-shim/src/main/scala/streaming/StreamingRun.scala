@@ -18,8 +18,8 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * Spark's are what `umjoin.plans.unconverted_streaming_joins` returns), each operator's routes and
  * their statistics ([[StreamingRoutes]]), the last load of each stored static table
  * ([[StaticVersions]]), what the last micro-batch counted of rows placed by an earlier time slicing
- * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), and the operators Spark's
- * metadata of the checkpoint named when the run started.
+ * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), each operator's layout record,
+ * and the operators Spark's metadata of the checkpoint named when the run started.
  *
  * The run owns it (see [[StreamingRun.of]]): it goes with the query, and a restart (a new run)
  * begins anew, as Spark's joins do.
@@ -43,6 +43,12 @@ final class StreamingRun(val runId: UUID) {
   private[streaming] val sliceDrains = new ConcurrentHashMap[(Long, Int), SliceDrain]()
   /** Per operator id: what the last micro-batch measured of its time-sliced stores' costs. */
   private[streaming] val sliceCosts = new ConcurrentHashMap[Long, SliceCosts]()
+  /**
+   * Per operator id: its layout record's text (None: none yet), read from the checkpoint once per
+   * run and kept by the operator when it writes the record, so that planning a micro-batch after
+   * the run's first reads no file.
+   */
+  private[streaming] val layoutRecords = new ConcurrentHashMap[Long, Option[String]]()
   /** The run's first micro-batch and the stateful operators its checkpoint named then. */
   private[streaming] val started = new AtomicReference[(Long, Map[Long, String])]()
 

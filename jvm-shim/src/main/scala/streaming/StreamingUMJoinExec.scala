@@ -293,7 +293,8 @@ case class StreamingUMJoinExec(
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
     val run = StreamingRun.of(session, info.queryRunId)
-    checkpoint.recordLayout(layout, graph, outputs, inputLabels)
+    run.layoutRecords.put(info.operatorId,
+      Some(checkpoint.recordLayout(layout, graph, outputs, inputLabels)))
     if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
 
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches
