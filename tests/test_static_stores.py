@@ -342,12 +342,7 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
     """One stream with a table read every batch (spark.umjoin.staticTables=reread: Spark's stream-static join, no
     state), then restarted to store it: the stores would have no version for the next batch, so the join stays as
     Spark planned it (no stack trace), says so, and the output holds every row once."""
-    rng = random.Random(30)
-    (tmp_path / "t").mkdir()
-    table = random_table(rng)
-    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
-    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
-    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(2)]
+    table, phases = _table_u_and_two_phases(tmp_path, random.Random(30))
     executed, reasons = [], []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
         for p, mode in enumerate(["reread", "store"]):
@@ -366,12 +361,7 @@ def test_one_stream_with_a_stored_table_restarted_without_umjoin_is_refused_and_
     """A StreamingUMJoin of one stream and a stored table is a stateful operator in the checkpoint's metadata, as
     Spark's own are: restarted with UMJoin off (Spark's restart check refuses a removed stateful operator) it is
     refused with the fix, and the checkpoint goes on with UMJoin on, every row once."""
-    rng = random.Random(31)
-    (tmp_path / "t").mkdir()
-    table = random_table(rng)
-    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
-    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
-    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(2)]
+    table, phases = _table_u_and_two_phases(tmp_path, random.Random(31))
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
         write_batches(tmp_path / "x", X_COLUMNS, [phases[0]])
         assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
@@ -384,6 +374,16 @@ def test_one_stream_with_a_stored_table_restarted_without_umjoin_is_refused_and_
         assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert rows == _expected_with_u(phases, table) and len(rows) > 0
+
+
+def _table_u_and_two_phases(tmp_path: Path, rng: random.Random) -> tuple[list[tuple[int | None, int]], list[list[tuple[int | None, int]]]]:
+    """Writes t (a random table) and u (keys 0-3 named u<k>) under tmp_path; x's rows of two runs (not written)."""
+    (tmp_path / "t").mkdir()
+    table = random_table(rng)
+    write_table(tmp_path / "t" / "t.csv", table, 2_000_000)
+    write_batches(tmp_path / "u", "u_k BIGINT, u_name VARCHAR", [[(k, f"u{k}") for k in range(4)]])
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(2)]
+    return table, phases
 
 
 def _stored_and_broadcast_join(spark: SparkSession, tmp_path: Path) -> StreamingQuery:
