@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import outputs, reported_on_fresh_checkpoint, spread
+from bench import commit, outputs, reported_on_fresh_checkpoint, spread
 
 ROWS_PER_BATCH = 50
 #: The micro-batches' first ones, left out of the medians.
@@ -111,10 +111,12 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
                           f"{reported['state_operators']}, output "
                           f"{outputs.shown(reported['output'])}", flush=True)
                     results.append({"chain": chain, "run": name, "repetition": repetition + 1, **reported})
-    (out / "planning.json").write_text(json.dumps({"batches": batches, "repetitions": repetitions, "rows_per_batch": ROWS_PER_BATCH,
-                                                   "results": results}, indent=1) + "\n")
+    measured = commit()
+    (out / "planning.json").write_text(json.dumps({"commit": measured, "batches": batches, "repetitions": repetitions,
+                                                   "rows_per_batch": ROWS_PER_BATCH, "results": results}, indent=1) + "\n")
     lines = ["# Planning a micro-batch: UMJoin against Spark's chained stream-stream joins", "",
-             f"`python -m bench planning --batches {batches} --repetitions {repetitions}`: {__doc__.split(chr(10), 2)[2].strip()}", "",
+             f"`python -m bench planning --batches {batches} --repetitions {repetitions}` at commit {measured}: "
+             f"{__doc__.split(chr(10), 2)[2].strip()}", "",
              "Figures in ms, min / median / max over the repetitions of each run's median; ratios of medians against Spark's joins "
              "(default store).", "",
              "| chain | run | queryPlanning | / Spark's | micro-batch | / Spark's | commitTimeMs | store instances | state operators "

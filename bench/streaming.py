@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import enrichment, outputs, peak_rss_bytes, reported_by, reported_on_fresh_checkpoint, with_testkit
+from bench import commit, enrichment, outputs, peak_rss_bytes, reported_by, reported_on_fresh_checkpoint, with_testkit
 
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
@@ -198,7 +198,7 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         stem = f"streaming_tpcds_sf{sf:g}"
         command = (f"python -m bench streaming --workload tpcds --sf {sf:g} --batches {batches} --repetitions {repetitions}"
                    + "".join(f" --conf {k}={v}" for k, v in settings.items()))
-        (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": _commit(), "sf": sf, "batches": batches,
+        (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": commit(), "sf": sf, "batches": batches,
                                                       "expected_rows": expected, "state_partitions": STATE_PARTITIONS,
                                                       "repetitions": repetitions, "umjoin_settings": settings, "blocks": blocks},
                                                      indent=1) + "\n")
@@ -222,7 +222,7 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         stem = f"streaming_tpch_sf{sf:g}"
         command = (f"python -m bench streaming --workload tpch --sf {sf:g} --batches {batches} --blocks {','.join(map(str, tpch_blocks))} "
                    f"--repetitions {repetitions}" + "".join(f" --conf {k}={v}" for k, v in settings.items()))
-        (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": _commit(), "sf": sf, "batches": batches,
+        (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": commit(), "sf": sf, "batches": batches,
                                                       "state_partitions": STATE_PARTITIONS, "repetitions": repetitions,
                                                       "umjoin_settings": settings, "blocks": blocks}, indent=1) + "\n")
         title = f"Streaming: TPC-H join blocks at SF {sf:g} over {batches} micro-batches"
@@ -251,13 +251,6 @@ def _repeated_runs(workload: dict[str, Any], checkpoint: Path, settings: dict[st
                               name)
             runs.append({**run, "repetition": repetition})
     return runs
-
-
-def _commit() -> str:
-    """The commit measured (with `+changes` where the tree differs from it)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-    return head + ("+changes" if dirty else "")
 
 
 def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, settings: dict[str, str]) -> Path:
@@ -436,7 +429,7 @@ def _format_markdown(title: str, described: str, batches: int, repetitions: int,
     lines = [
         f"# {title} (local[2], {STATE_PARTITIONS} state partitions, RocksDB state store)",
         "",
-        f"`{command}` at commit {_commit()}.",
+        f"`{command}` at commit {commit()}.",
         "",
         f"{described}, runs as Spark's chained stream-stream joins at join state format 2 (Spark's default: four stores per join) "
         "and 4 (Spark at its best: one store per join with column families) and as one StreamingUMJoin, "
