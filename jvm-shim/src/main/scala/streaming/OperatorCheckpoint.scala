@@ -79,14 +79,6 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
           f.getPath.getName.startsWith(s"${info.storeVersion}_"))
     }
 
-  /**
-   * The layout recorded for the operator (None: not yet), or why this group cannot continue its
-   * state, said for people.
-   */
-  def recordedLayout(graph: JoinGraph,
-      outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
-    layoutRecord.flatMap(layoutOf(_, graph, outputs))
-
   /** The layout record's text (None: not yet), or why it cannot be read, said for people. */
   def layoutRecord: Either[String, Option[String]] =
     if (!fs.exists(layoutFile)) Right(None)
@@ -95,7 +87,10 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
         Left(refusal(s"its layout record $layoutFile cannot be read (${e.getMessage})"))
     }
 
-  /** [[recordedLayout]] from the record's text. */
+  /**
+   * The layout the record's text gives for this group (None: no record yet), or why this group
+   * cannot continue its state, said for people.
+   */
   def layoutOf(record: Option[String], graph: JoinGraph,
       outputs: Seq[Seq[Attribute]]): Either[String, Option[StreamingLayout]] =
     record match {

@@ -15,7 +15,7 @@ import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, PlanLater, ProjectExec,
-  SortExec, SparkPlan}
+  SparkPlan}
 import org.apache.spark.sql.execution.datasources.{HadoopFsRelation, LogicalRelation}
 import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.joins.BaseJoinExec
@@ -186,13 +186,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
    * it, that projection, which cuts the join tree into groups: said with the reason a group stays.
    */
   private def cutBy(plan: SparkPlan, root: SparkPlan): String = {
-    def parentOf(node: SparkPlan): Option[SparkPlan] =
-      plan.collectFirst { case p if p.children.exists(_ eq node) => p }
-    def above(node: SparkPlan): Option[SparkPlan] = parentOf(node).flatMap {
-      case p @ (_: ShuffleExchangeExec | _: SortExec) => above(p)
-      case p => Some(p)
-    }
-    above(root) match {
+    plan.collectFirst { case p if p.children.exists(_ eq root) => p } match {
       case Some(p: ProjectExec) if patterns.roleOf(p).isEmpty &&
           p.exists(StreamJoin.unapply(_).isDefined) &&
           plan.exists(j =>
@@ -692,12 +686,10 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     }
 
   /**
-   * An input without the exchange or sort Spark put on it for the join it fed: the StreamingUMJoin
-   * places its inputs itself.
+   * An input without the broadcast its stand-in join has on it (see [[StreamingPlannerStrategy]]):
+   * the StreamingUMJoin places its inputs itself.
    */
   private def placeable(input: SparkPlan): SparkPlan = input match {
-    case s: SortExec => placeable(s.child)
-    case e: ShuffleExchangeExec => e.child
     case b: BroadcastExchangeExec => b.child
     case other => other
   }

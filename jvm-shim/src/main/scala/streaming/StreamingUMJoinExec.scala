@@ -293,8 +293,11 @@ case class StreamingUMJoinExec(
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
     val run = StreamingRun.of(session, info.queryRunId)
-    run.layoutRecords.put(info.operatorId,
-      Some(checkpoint.recordLayout(layout, graph, outputs, inputLabels)))
+    // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
+    if (Option(run.layoutRecords.get(info.operatorId)).forall(_.isEmpty)) {
+      run.layoutRecords.put(info.operatorId,
+        Some(checkpoint.recordLayout(layout, graph, outputs, inputLabels)))
+    }
     if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
 
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches
