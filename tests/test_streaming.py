@@ -193,6 +193,37 @@ def test_restart_from_checkpoint_writes_every_row_once(spark: SparkSession, tmp_
     assert written == expected and len(expected) > 0
 
 
+def test_a_converted_chain_constructs_none_of_sparks_joins(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's stream-stream join broadcasts the Hadoop configuration when it is constructed (an eager field), and
+    Spark constructs several copies of each join while it prepares a micro-batch. Broadcast ids are taken in
+    order, so a run's broadcasts are counted by them; less one per stage submitted (its tasks' binary), they are
+    Hadoop configurations: one per file scan run, as the same streams' union without a join runs them, and with
+    UMJoin one more per micro-batch (the StreamingUMJoin's) and, in the first, one per input measured again. With
+    Spark's joins, more (the joins')."""
+    columns = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+    for name in "xyz":
+        write_batches(tmp_path / name, columns[name], [[(i % 4, i % 3, 10 * b + i) for i in range(6)] for b in range(3)])
+
+    def configurations_broadcast(df: DataFrame, name: str) -> int:
+        counts = spark._jvm.org.apache.spark.umjoin.testkit.SchedulerCounts.start(spark._jsc.sc())
+        before = spark.sparkContext.broadcast(0)
+        _, query = run_to_end(df, name, tmp_path / f"ck-{name}")
+        after = spark.sparkContext.broadcast(0)
+        stages = counts.stop().stagesSubmitted()
+        assert len([p for p in query.recentProgress if p["numInputRows"] > 0]) == 3
+        return after._jbroadcast.id() - before._jbroadcast.id() - 1 - stages
+
+    frames = lambda: {n: stream(spark, tmp_path / n, columns[n]) for n in "xyz"}  # noqa: E731
+    f = frames()
+    union = configurations_broadcast(f["x"].unionByName(f["y"], allowMissingColumns=True)
+                                     .unionByName(f["z"], allowMissingColumns=True), "union_of_three")
+    umjoin = configurations_broadcast(chain(frames()), "umjoin_chain")
+    with temporary_conf(spark, SPARK_JOINS):
+        spark_joins = configurations_broadcast(chain(frames()), "spark_chain")
+    assert union == 3 * 3 and umjoin == union + 3 + 3, (union, umjoin)
+    assert spark_joins > union + 2 * 3, (union, spark_joins)  # every join at least once per micro-batch
+
+
 def test_a_chain_shows_its_layout_and_ships_partial_combinations(spark: SparkSession, tmp_path: Path) -> None:
     """explain() names each input's partitioning key and index, every stream's route and the predicted
     probe cost; the progress counts the partial combinations shipped between stores and the index entries."""
@@ -329,7 +360,8 @@ def test_an_adaptive_order_keeps_recorded_routes_where_multi_key_indexes_leave_n
 def test_the_layout_is_chosen_from_the_first_micro_batch_as_measured(spark: SparkSession, tmp_path: Path) -> None:
     """The probe-cost model's figures are the first micro-batch's rows after filters and its key values, counted
     by tasks that carry the session's SQL settings as the query's own do; where an input keeps state of its own
-    (a deduplication) it is not run twice, and Spark's plan estimates serve."""
+    (a deduplication) it is not run twice, and Spark's plan estimates serve. The operator measures them when it
+    runs the micro-batch: planning it starts no job (every job belongs to the micro-batch's execution)."""
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT", [[(i % 4, i % 3, 100 * b + i) for i in range(12)] for b in range(2)])
     frames = {n: stream(spark, tmp_path / n, f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT") for n in "xyz"}
@@ -338,7 +370,9 @@ def test_the_layout_is_chosen_from_the_first_micro_batch_as_measured(spark: Spar
         return v < 3 and TaskContext.get().getLocalProperty("spark.sql.shuffle.partitions") == "3"
     frames["z"] = frames["z"].where(F.udf(below_three_with_the_session_settings, "boolean")("z_v"))  # keeps 3 of the first batch's 12 rows
     with temporary_conf(spark, {"spark.sql.shuffle.partitions": "3"}):
+        counts = spark._jvm.org.apache.spark.umjoin.testkit.SchedulerCounts.start(spark._jsc.sc())
         rows, query = run_to_end(chain(frames), "measured_layout", tmp_path / "ck")
+        assert counts.stop().jobsOutsideExecutions() == 0  # (the measuring job once ran while the micro-batch was planned)
         (line,) = [l for l in executed_plan(query).splitlines() if "StreamingUMJoin inputs=" in l]
         # x, y and z's rows (z filtered); k takes 4 values, j 3 (z's 3 rows have j 0, 1, 2).
         assert re.search(r"statistics=\[first micro-batch: rows \[12, 12, 3\], key values \[(4, 3|3, 4)\]\]", line), line

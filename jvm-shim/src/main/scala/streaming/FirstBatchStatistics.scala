@@ -5,8 +5,7 @@ import scala.util.control.NonFatal
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.{BindReferences, Expression, GenericInternalRow}
 import org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
-import org.apache.spark.sql.execution.{ApplyColumnarRulesAndInsertTransitions,
-  SQLExecution, SparkPlan}
+import org.apache.spark.sql.execution.{SQLExecution, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
   StatefulOperator}
 
@@ -19,13 +18,13 @@ import umjoin.spark.core.cost.JoinSizes
 final case class MeasuredInput(rows: Long, distinct: Seq[Long])
 
 /**
- * The probe-cost model's statistics, measured on the first micro-batch of a new checkpoint: each
- * input of a streaming group runs once more, counting its rows and, with HyperLogLog++ (2 % error),
- * the distinct values of each of its join keys. Spark's plan estimates know file sizes only, not
- * how many rows a filter keeps (TPC-H Q9's parts named '%green%': 5 %), nor how many values a key
- * takes; and the layout chosen from these figures (partitioning keys, indexes, routes) stays with
- * the checkpoint for the life of the query. It costs reading the first micro-batch's inputs twice,
- * in one job, once per checkpoint.
+ * The probe-cost model's statistics, measured by a StreamingUMJoin when it runs the first
+ * micro-batch of a new checkpoint: each of its inputs runs once more, counting its rows and, with
+ * HyperLogLog++ (2 % error), the distinct values of each of its join keys. Spark's plan estimates
+ * know file sizes only, not how many rows a filter keeps (TPC-H Q9's parts named '%green%': 5 %),
+ * nor how many values a key takes; and the layout chosen from these figures (partitioning keys,
+ * indexes, routes) stays with the checkpoint for the life of the query. It costs reading the first
+ * micro-batch's inputs twice, in one job, once per checkpoint.
  */
 object FirstBatchStatistics extends Logging {
 
@@ -60,12 +59,10 @@ object FirstBatchStatistics extends Logging {
     def counted: Array[(Int, Long, Seq[GenericInternalRow])] = {
       val perInput = inputs.zipWithIndex.map { case ((input, keys), i) =>
         // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the
-        // batch once. This runs inside the planning of the micro-batch, before Spark inserted its
-        // row/columnar transitions.
+        // batch once.
         val copy = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
-        val runnable = ApplyColumnarRulesAndInsertTransitions(Nil, false)(copy)
-        val bound = keys.map(BindReferences.bindReference(_, runnable.output))
-        runnable.execute().mapPartitions { rows =>
+        val bound = keys.map(BindReferences.bindReference(_, copy.output))
+        copy.execute().mapPartitions { rows =>
           val buffers = sketches(bound.size)
           var count = 0L
           rows.foreach { row =>

@@ -11,8 +11,8 @@ import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadataV1,
-  OperatorStateMetadataV1Reader}
+import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata,
+  OperatorStateMetadataUtils, OperatorStateMetadataV1, OperatorStateMetadataV1Reader}
 
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.probe.{Route, StoreIndex}
@@ -34,6 +34,18 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
   private def partition0 = new Path(layoutFile.getParent, "0")
 
   def hasLayout: Boolean = fs.exists(layoutFile)
+
+  /**
+   * Spark's metadata of the operator replaced by `metadata`, atomically. Spark writes it once per
+   * checkpoint, when it plans the first micro-batch; a StreamingUMJoin that chose its layout (and
+   * so its stores) after that writes it again.
+   */
+  def rewriteOperatorMetadata(metadata: OperatorStateMetadata): Unit = {
+    val file = OperatorStateMetadataV1.metadataFilePath(layoutFile.getParent)
+    val out = CheckpointFileManager.create(file.getParent, hadoopConf)
+      .createAtomic(file, overwriteIfPossible = true)
+    OperatorStateMetadataUtils.writeMetadata(out, metadata, file)
+  }
 
   /**
    * Stores of a StreamingUMJoin written before layouts were recorded: in partition 0, named
@@ -133,16 +145,19 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 
   /**
    * Records that micro-batch `version` changed the time slicing to the layout's (once: a re-run of
-   * the batch reads it back).
+   * the batch reads it back), given the change `recorded` last; returns the last change recorded
+   * now.
    */
-  def recordSlicing(version: Long, layout: StreamingLayout): Unit = {
-    val recorded = recordedSlicing(version)
-    if (!recorded.exists(_._1 == version) &&
-        recorded.map(_._2).getOrElse(recordedLayoutSlicing) != layout.timeSlices) {
+  def recordSlicing(version: Long, layout: StreamingLayout,
+      recorded: Option[(Long, IndexedSeq[Option[TimeSlicing]])])
+      : Option[(Long, IndexedSeq[Option[TimeSlicing]])] =
+    if (recorded.exists(_._1 == version) ||
+        recorded.map(_._2).getOrElse(recordedLayoutSlicing) == layout.timeSlices) recorded
+    else {
       write(slicingFile(version),
         compact(render(JArray(layout.timeSlices.map(slicingJson).toList))))
+      Some((version, layout.timeSlices))
     }
-  }
 
   /** The time slicing the layout record was written with. */
   private def recordedLayoutSlicing: IndexedSeq[Option[TimeSlicing]] =

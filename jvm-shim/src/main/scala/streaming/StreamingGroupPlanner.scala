@@ -1,7 +1,5 @@
 package umjoin.spark.streaming
 
-import java.util.IdentityHashMap
-
 import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
@@ -13,11 +11,11 @@ import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, Attribu
   EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
-import org.apache.spark.sql.catalyst.plans.physical.{HashPartitioning, IdentityBroadcastMode}
+import org.apache.spark.sql.catalyst.plans.physical.IdentityBroadcastMode
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, PlanLater, ProjectExec,
   SparkPlan}
 import org.apache.spark.sql.execution.datasources.{HadoopFsRelation, LogicalRelation}
-import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
+import org.apache.spark.sql.execution.exchange.BroadcastExchangeExec
 import org.apache.spark.sql.execution.joins.BaseJoinExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo,
   WatermarkSupport}
@@ -40,7 +38,7 @@ import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, 
 final case class StreamingGroupPlan(
     graph: JoinGraph,
     inputs: Seq[SparkPlan],
-    layout: StreamingLayout,
+    layout: GroupLayout,
     stateInfo: StatefulOperatorStateInfo,
     marks: Seq[Seq[Alias]],
     outputWatermarkShiftMs: Long,
@@ -67,31 +65,14 @@ final case class PaddingPlan(starts: Map[Int, Int], now: Map[Int, Expression],
  * joins as a tree of stand-ins over inputs still to be planned): TSC runs on that tree with the
  * member patterns of `rules/streaming.yaml`, and every group it can run exactly becomes one
  * StreamingUMJoin. A group's state layout (each input's partitioning key and indexes, the routes)
- * is chosen by the probe-cost model when the query starts on a new checkpoint, and read from the
- * checkpoint after. What cannot be converted keeps Spark's joins, and the reason is logged once
- * per query run.
+ * is read from the checkpoint; on a new checkpoint the operator chooses it by the probe-cost model
+ * when it runs the first micro-batch ([[GroupLayout]]). What cannot be converted keeps Spark's
+ * joins, and the reason is logged once per query run.
  */
 final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPatterns[SparkPlan])
   extends PredicateHelper with Logging {
 
   private val tsc = new TwoStepConvert[SparkPlan](patterns.roleOf, PhysicalPatterns.keptAsInput)
-
-  /**
-   * The first micro-batch's figures of inputs (with the keys counted), each input measured once:
-   * groups are tried several times while being split. `runnable` is an input as it runs.
-   */
-  private def measuredOnce(runnable: SparkPlan => SparkPlan)
-      : Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]] = {
-    val measured =
-      new IdentityHashMap[SparkPlan, mutable.Map[Seq[Expression], Option[MeasuredInput]]]()
-    wanted => {
-      def known(input: SparkPlan) = measured.computeIfAbsent(input, _ => mutable.Map())
-      val missing = wanted.filterNot { case (input, keys) => known(input).contains(keys) }
-      FirstBatchStatistics.measure(missing.map { case (input, keys) => (runnable(input), keys) })
-        .zip(missing).foreach { case (figures, (input, keys)) => known(input)(keys) = figures }
-      wanted.map { case (input, keys) => known(input)(keys) }
-    }
-  }
 
   /**
    * The groups of `tree`, a micro-batch's joins of streams as stand-ins over inputs still to be
@@ -103,15 +84,14 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
   def plannedGroups(tree: SparkPlan,
       operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
       reserved: Seq[StatefulOperatorStateInfo], firstOfRun: Boolean,
-      runId: java.util.UUID, runnable: SparkPlan => SparkPlan, inputWatermark: Option[Long])
+      runId: java.util.UUID, inputWatermark: Option[Long])
       : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
     def unconverted(message: String): Unit =
       if (StreamingRun.of(session, runId).firstNote(message)) logInfo(s"UMJoin: $message")
-    val measure = measuredOnce(runnable)
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
-      g => conf.minInputsOf(timeSliced(g)), tryPlan(_, measure, !conf.probeOrder.adaptive,
+      g => conf.minInputsOf(timeSliced(g)), tryPlan(_, !conf.probeOrder.adaptive,
         conf.staticTables, conf.timeSlices, operatorOf, firstOfRun, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
@@ -224,11 +204,9 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
    * earlier version checked on the run's first micro-batch (`firstOfRun`). `mismatched` hears,
    * per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan],
-      measure: Seq[(SparkPlan, Seq[Expression])] => Seq[Option[MeasuredInput]],
-      compositeIndexes: Boolean, staticTables: StaticTablesMode,
-      timeSlices: Option[Int], operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
-      firstOfRun: Boolean,
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], compositeIndexes: Boolean,
+      staticTables: StaticTablesMode, timeSlices: Option[Int],
+      operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo], firstOfRun: Boolean,
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
@@ -305,7 +283,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         "which Spark's stream-static joins do as well, without state" + rereadByAuto.getOrElse(""))
     }
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 &&
-        !(recorded && checkpoint.get.committedBefore))
+        !(recorded && committedBefore(stateInfo.get, checkpoint.get)))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1}" +
         " without UMJoin's state for it (its stores have no version " +
         s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
@@ -354,7 +332,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
             "which kept them in a store this version no longer reads"))
       else {
         val info = stateInfo.get
-        def plannedWith(layout: StreamingLayout): Either[String, StreamingGroupPlan] = {
+        def plannedWith(layout: GroupLayout): Either[String, StreamingGroupPlan] = {
           val evictionWatermark = stateful.flatMap(_.evictionWatermark).minOption
           Right(StreamingGroupPlan(
             graph = graph.copy(residuals = graph.residuals ++ lateConditions),
@@ -398,7 +376,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
             padding = padding.toOption.flatten,
             evictionWatermark = evictionWatermark,
             sliceBounds = inputs.indices.map { j =>
-              if (!layout.isTimeSliced(j)) Nil
+              if (!layout.maySlice(j)) Nil
               else streams.filter(_ != j).flatMap { m =>
                 for (time <- StreamingWatermarks.eventTimeColumn(outputs(m))
                      if SliceWindow.isTimestamp(time.dataType);
@@ -442,28 +420,28 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         // failure) keeps it.
         def continued(recorded: StreamingLayout): StreamingLayout =
           if (!recorded.timeSlices.exists(_.isDefined)) recorded
-          else checkpoint.get.recordedSlicing(info.storeVersion) match {
+          else Option(run.slicings.get(info.operatorId)).getOrElse {
+            val read = checkpoint.get.recordedSlicing(info.storeVersion)
+            run.slicings.put(info.operatorId, read)
+            read
+          } match {
             case Some((version, slicing)) if version == info.storeVersion =>
               recorded.copy(timeSlices = slicing)
             case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2))
               .resliced(slices, timeSpanMs, drained, reported)
           }
-        record.flatMap(checkpoint.get.layoutOf(_, graph, outputs)).map(_.map(continued).getOrElse {
-          val measured =
-            measure(inputs.indices.map(i => (unmarked(i), FirstBatchStatistics.keys(graph, i))))
-          val (sizes, statistics) = FirstBatchStatistics.sizes(measured, graph) match {
-            case Some(sizes) =>
-              (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
-                s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]")
-            case None => estimatedSizes(inputs, kinds, graph)
-          }
-          val chosen = StreamingLayout.choose(graph, kinds, sizes, statistics, info.numPartitions,
-            compositeIndexes, timeSpanMs, firstSlices,
-            StoreLayout.forSession(session.sessionState.conf))
-          logInfo(s"UMJoin: layout of operator ${info.operatorId} chosen from $statistics" +
-            s": predicted probe cost ${chosen.predictedCost}")
-          chosen
-        }) match {
+        // A new checkpoint's layout is chosen when the operator runs its first micro-batch, from
+        // that micro-batch's figures.
+        def fromFirstMicroBatch: GroupLayout = {
+          val (estimated, estimatedText) = estimatedSizes(inputs, kinds, graph)
+          val spans = inputs.indices.map(timeSpanMs)
+          GroupLayout.FromFirstMicroBatch(kinds, estimated, estimatedText, info.numPartitions,
+            compositeIndexes, spans, firstSlices, StoreLayout.forSession(session.sessionState.conf),
+            inputs.indices.map(i =>
+              StreamingLayout.sliceable(graph, kinds, i, info.numPartitions, spans(i))))
+        }
+        record.flatMap(checkpoint.get.layoutOf(_, graph, outputs)).map(_.fold(fromFirstMicroBatch)(
+          recorded => GroupLayout.Decided(continued(recorded)))) match {
           // A checkpoint written for another group: this group does not run; if no group with this
           // operator's state runs, the checkpoint check tells why (splitting tries several groups).
           case Left(refusal) if stateful.isEmpty => throw new IllegalStateException(refusal)
@@ -475,6 +453,15 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       }
     }
   }
+
+  /**
+   * Whether the operator committed its stores in the micro-batch before: it ran that micro-batch
+   * in this run (whose failure would have ended the run), else its checkpoint says.
+   */
+  private def committedBefore(info: StatefulOperatorStateInfo,
+      checkpoint: OperatorCheckpoint): Boolean =
+    StreamingRun.of(session, info.queryRunId).ranVersions.get(info.operatorId)
+      .contains(info.storeVersion - 1) || checkpoint.committedBefore
 
   /**
    * Whether a stream-stream join of the group has no equi-join key but the time slice
@@ -698,10 +685,6 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       converted: Seq[SparkPlan], conf: UMJoinConf,
       inputWatermark: Option[Long] = None): SparkPlan = {
     val info = plan.stateInfo
-    val partitions = info.numPartitions
-    val layout = plan.layout
-    // A layout chosen for the fixed order indexes stores on several classes at once, which an
-    // adaptive policy's routes may not all reach (they change the inputs bound before a store).
     val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
     else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
       val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
@@ -710,22 +693,14 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       if (StreamingRun.of(session, info.queryRunId).firstNote(message, unconverted = false))
         logInfo(s"UMJoin: $message")
       conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
-    } else if (layout.routable(layout.probeGraph(plan.graph))) conf.probeOrder else {
-      val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
-        s" keeps its recorded routes instead of choosing them by ${conf.probeOrder.policy.name}" +
-        (": its checkpoint's state was laid out for the fixed probe order; use a new checkpoint " +
-          "location to probe adaptively")
-      if (StreamingRun.of(session, info.queryRunId).firstNote(message, unconverted = false))
-        logInfo(s"UMJoin: $message")
-      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
-    }
+    } else conf.probeOrder
+    // A static table Spark would broadcast is broadcast; the other inputs are placed in the
+    // state's partitions by their exchanges (built by the operator when it chooses a new layout).
     val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
-      val marked =
-        if (plan.marks(j).isEmpty) input else ProjectExec(input.output ++ plan.marks(j), input)
-      StreamingUMJoinExec.placement(layout, plan.graph, j, partitions) match {
-        case Some(key) => partitionedBy(marked, key, partitions)
-        case None => BroadcastExchangeExec(IdentityBroadcastMode, input)
-      }
+      if (plan.layout.broadcast(j))
+        BroadcastExchangeExec(IdentityBroadcastMode, input)
+      else if (plan.marks(j).isEmpty) input
+      else ProjectExec(input.output ++ plan.marks(j), input)
     }
     val (graphShape, graphExpressions) = plan.graph.split
     val umjoin = StreamingUMJoinExec(
@@ -737,7 +712,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       paddingStarts = converted.indices.map(i => plan.padding.flatMap(_.starts.get(i))),
       paddedNow = converted.indices.map(i => plan.padding.flatMap(_.now.get(i))),
       paddedBefore = converted.indices.map(i => plan.padding.flatMap(_.before.get(i))),
-      layout = layout,
+      plannedLayout = plan.layout,
       probeOrder = probeOrder,
       lateRows = plan.lateRows,
       evictable = plan.evictable,
@@ -754,12 +729,6 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       s" stream-stream joins become ${umjoin.simpleString(10)}")
     plan.project.fold[SparkPlan](umjoin)(ProjectExec(_, umjoin))
   }
-
-  /**
-   * The input hash-partitioned into the state's partitions (see [[StreamingUMJoinExec.placement]]).
-   */
-  private def partitionedBy(input: SparkPlan, key: Expression, partitions: Int): SparkPlan =
-    ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), input)
 
   /**
    * What an input reads: its files' directory (a file source: a micro-batch reads a stream's files

@@ -137,13 +137,8 @@ final case class StreamingLayout(
 
   def streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
 
-  /**
-   * The inputs whose rows live in state stores: the stored static tables, and the streams where
-   * there are several (the only stream of a join with static tables keeps no row: no later row can
-   * join it).
-   */
-  def stored: Seq[Int] = kinds.indices.filter(i => kinds(i) == InputKind.StaticStored ||
-    (kinds(i) == InputKind.Stream && streams.size > 1))
+  /** The inputs whose rows live in state stores (see [[StreamingLayout.storedOf]]). */
+  def stored: Seq[Int] = StreamingLayout.storedOf(kinds)
 
   /**
    * `route` planned over `graph` as this layout runs it: a store partitioned on a class whose value
@@ -270,6 +265,33 @@ final case class StreamingLayout(
 object StreamingLayout {
 
   /**
+   * The inputs whose rows live in state stores: the stored static tables, and the streams where
+   * there are several (the only stream of a join with static tables keeps no row: no later row can
+   * join it).
+   */
+  def storedOf(kinds: IndexedSeq[InputKind]): Seq[Int] = {
+    val streams = kinds.count(_ == InputKind.Stream)
+    kinds.indices.filter(i => kinds(i) == InputKind.StaticStored ||
+      (kinds(i) == InputKind.Stream && streams > 1))
+  }
+
+  /**
+   * Whether [[choose]] may spread input `i`'s store by time slice: a stream of a group of inner
+   * joins with a span of event times, on a class of time slices only (whether that class is the
+   * one chosen to partition it depends on the sizes).
+   */
+  def sliceable(graph: JoinGraph, kinds: IndexedSeq[InputKind], i: Int, partitions: Int,
+      spanMs: Option[Long]): Boolean =
+    kinds(i) == InputKind.Stream && partitions >= 2 && spanMs.isDefined &&
+      graph.outer.isEmpty && graph.filters.isEmpty && graph.classes.exists(c =>
+        c.inputs.contains(i) && isTimeSliceClass(c.members))
+
+  private def isTimeSliceClass(members: Seq[(Int, Expression)]): Boolean = members.forall {
+    case (_, TimeSlice(time)) => SliceWindow.isTimestamp(time.dataType)
+    case _ => false
+  }
+
+  /**
    * The layout of least probe cost for a group: every partitioned input's class and every stream's
    * route from [[ProbeCost.optimize]]; a store (a stream's, a stored table's) is then indexed for
    * each step of a route that reaches it in all its partitions. With `compositeIndexes` such an
@@ -304,15 +326,12 @@ object StreamingLayout {
         (1 to cs.size).flatMap(cs.combinations).map(StoreIndex(_)) else cs.map(StoreIndex.single)
     }
     val sliced = (0 until n).map { i =>
-      val onSlices = choice.partitioning(i).exists(c => graph.classes(c).members.forall {
-        case (_, TimeSlice(time)) => SliceWindow.isTimestamp(time.dataType)
-        case _ => false
-      })
+      val onSlices =
+        choice.partitioning(i).exists(c => isTimeSliceClass(graph.classes(c).members))
       // `slicesPerSpan` slices over the event times a row's matches span (at least 1 ms each), on a
       // ring of all partitions. (Only in groups of inner joins: outer and semi joins' waiting
       // combinations are placed by their keys, untested with slices.)
-      val inner = graph.outer.isEmpty && graph.filters.isEmpty
-      if (!onSlices || !inner || kinds(i) != InputKind.Stream || partitions < 2) None
+      if (!onSlices || !sliceable(graph, kinds, i, partitions, timeSpanMs(i))) None
       else timeSpanMs(i).map(span =>
         TimeSlicing(slicesPerSpan, TimeSlicing.width(span, slicesPerSpan)))
     }
@@ -392,4 +411,56 @@ object StreamingLayout {
 
   private def isIntegral(t: DataType): Boolean =
     Seq(ByteType, ShortType, IntegerType, LongType).contains(t)
+}
+
+/**
+ * A group's layout as its plan holds it: decided (read from the checkpoint, or chosen in an earlier
+ * micro-batch of the run), or, on a new checkpoint, chosen by the operator when it first runs.
+ */
+sealed trait GroupLayout {
+  def kinds: IndexedSeq[InputKind]
+  def stores: StoreLayout
+  /** Whether input `i`'s store is, or may be, spread by time slice. */
+  def maySlice(i: Int): Boolean
+  /** Whether input `i` is broadcast to every task (else placed in the state's partitions). */
+  def broadcast(i: Int): Boolean
+}
+
+object GroupLayout {
+  final case class Decided(layout: StreamingLayout) extends GroupLayout {
+    override def kinds: IndexedSeq[InputKind] = layout.kinds
+    override def stores: StoreLayout = layout.stores
+    override def maySlice(i: Int): Boolean = layout.isTimeSliced(i)
+    override def broadcast(i: Int): Boolean = layout.partitionClass(i).isEmpty
+  }
+
+  /**
+   * A new checkpoint's layout, chosen from the first micro-batch's figures when the operator runs
+   * it ([[FirstBatchStatistics]]): what planning knows is all [[StreamingLayout.choose]] needs but
+   * the sizes, and Spark's plan estimates (`estimated`, said as `estimatedText`) serve where the
+   * figures cannot be measured.
+   */
+  final case class FromFirstMicroBatch(
+      kinds: IndexedSeq[InputKind],
+      estimated: JoinSizes,
+      estimatedText: String,
+      partitions: Int,
+      compositeIndexes: Boolean,
+      timeSpansMs: IndexedSeq[Option[Long]],
+      slicesPerSpan: Int,
+      stores: StoreLayout,
+      sliceable: IndexedSeq[Boolean]) extends GroupLayout {
+    override def maySlice(i: Int): Boolean = sliceable(i)
+    // (A layout partitions every input but the tables Spark would broadcast: see `choose`.)
+    override def broadcast(i: Int): Boolean = kinds(i) == InputKind.StaticBroadcast
+
+    /** The layout of least predicted probe cost for the sizes measured (None: not measured). */
+    def chosen(graph: JoinGraph, measured: Option[JoinSizes]): StreamingLayout = {
+      val (sizes, statistics) = measured.fold((estimated, estimatedText))(sizes =>
+        (sizes, s"first micro-batch: rows [${sizes.rates.map(_.toLong).mkString(", ")}], " +
+          s"key values [${sizes.distinct.map(_.toLong).mkString(", ")}]"))
+      StreamingLayout.choose(graph, kinds, sizes, statistics, partitions, compositeIndexes,
+        timeSpansMs, slicesPerSpan, stores)
+    }
+  }
 }

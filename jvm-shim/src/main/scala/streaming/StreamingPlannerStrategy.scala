@@ -271,12 +271,9 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
     def operatorOf(members: Seq[SparkPlan]): Option[StatefulOperatorStateInfo] =
       members.collectFirst { case j: StreamJoinMember => ids.get(j) }
         .orElse(members.collectFirst { case j: BaseJoinExec if ids.containsKey(j) => ids.get(j) })
-    // An input measured on the first micro-batch runs as Spark plans it.
-    def runnable(input: SparkPlan): SparkPlan =
-      input.transformUp { case later: PlanLater => ie.planner.plan(later.plan).next() }
     val marked = root.exists(_.isInstanceOf[EventTimeWatermark])
     val planned = groups.plannedGroups(tree, operatorOf, joins.map(ids.get), firstOfRun,
-      ie.runId, runnable, Option.when(marked)(now))
+      ie.runId, Option.when(marked)(now))
     if (planned.isEmpty) {
       StreamingPlannerStrategy.giveBack(ie, streamJoins.size)
       None

@@ -18,8 +18,9 @@ import org.apache.spark.sql.streaming.StreamingQueryListener
  * Spark's are what `umjoin.plans.unconverted_streaming_joins` returns), each operator's routes and
  * their statistics ([[StreamingRoutes]]), the last load of each stored static table
  * ([[StaticVersions]]), what the last micro-batch counted of rows placed by an earlier time slicing
- * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), each operator's layout record,
- * and the operators Spark's metadata of the checkpoint named when the run started.
+ * ([[SliceDrain]]) and of its time slices' costs ([[SliceCosts]]), each operator's layout record
+ * and last change of time slicing, the last micro-batch each operator ran, and the operators
+ * Spark's metadata of the checkpoint named when the run started.
  *
  * The run owns it (see [[StreamingRun.of]]): it goes with the query, and a restart (a new run)
  * begins anew, as Spark's joins do.
@@ -49,6 +50,17 @@ final class StreamingRun(val runId: UUID) {
    * the run's first reads no file.
    */
   private[streaming] val layoutRecords = new ConcurrentHashMap[Long, Option[String]]()
+  /**
+   * Per operator id: the last change of time slicing its checkpoint recorded (the micro-batch and
+   * the slicing; None: none), read once per run and kept by the operator when it records one.
+   */
+  private[streaming] val slicings =
+    new ConcurrentHashMap[Long, Option[(Long, IndexedSeq[Option[TimeSlicing]])]]()
+  /**
+   * Per operator id: the last micro-batch (its stores' version) it ran in this run: the next
+   * micro-batch reads the version it committed.
+   */
+  private[streaming] val ranVersions = TrieMap[Long, Long]()
   /** The run's first micro-batch and the stateful operators its checkpoint named then. */
   private[streaming] val started = new AtomicReference[(Long, Map[Long, String])]()
 

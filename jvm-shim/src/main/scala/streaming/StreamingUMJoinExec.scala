@@ -7,8 +7,9 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution,
   HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection,
-  StatefulOpClusteredDistribution, UnknownPartitioning}
+  StatefulOpClusteredDistribution, UnknownPartitioning, UnspecifiedDistribution}
 import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.exchange.{BroadcastExchangeExec, ShuffleExchangeExec}
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric,
   StatefulOperatorStateInfo, StateStoreWriter}
@@ -20,7 +21,8 @@ import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
 
 import umjoin.spark.core.{GraphShape, JoinGraph, ZippedInputsRDD}
-import umjoin.spark.core.cost.{ProbeOrderSettings, StaticCacheSettings, StoreStructure}
+import umjoin.spark.core.cost.{ProbeOrderPolicy, ProbeOrderSettings, StaticCacheSettings,
+  StoreStructure}
 import umjoin.spark.core.probe.{InputMetrics, Route}
 
 /**
@@ -85,7 +87,7 @@ case class StreamingUMJoinExec(
     paddingStarts: Seq[Option[Int]],
     paddedNow: Seq[Option[Expression]],
     paddedBefore: Seq[Option[Expression]],
-    layout: StreamingLayout,
+    plannedLayout: GroupLayout,
     probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
@@ -101,14 +103,41 @@ case class StreamingUMJoinExec(
 
   override def nodeName: String = "StreamingUMJoin"
   override def shortName: String = StreamingUMJoinExec.ShortName
-  override val stateStoreNames: Seq[String] = (layout.stores match {
-    case StoreLayout.Separate => layout.stored.flatMap { j =>
-      InputState.storeName(j) +:
-        layout.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _))
-    }
-    case StoreLayout.ColumnFamilies =>
-      if (layout.stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
-  }) ++ semiInputs.map(InputState.unmatchedStoreName)
+
+  /**
+   * The layout this micro-batch runs: the plan's, or on a new checkpoint the one the operator
+   * chose when it ran (set once, by [[doExecute]], before any task starts; read by `explain()` and
+   * the checkpoint's record afterwards), as an adaptive plan holds the plan it settled on.
+   */
+  @volatile private var chosenLayout: Option[StreamingLayout] = plannedLayout match {
+    case GroupLayout.Decided(layout) => Some(layout)
+    case _: GroupLayout.FromFirstMicroBatch => None
+  }
+
+  /** The layout the operator runs (see `chosenLayout`). */
+  def layout: StreamingLayout = chosenLayout.getOrElse(throw new IllegalStateException(
+    "A new checkpoint's StreamingUMJoin layout is chosen when its first micro-batch runs"))
+
+  /**
+   * Every store of a partition. A new checkpoint's layout is chosen after Spark asks (when it
+   * prepares the first micro-batch), so the further indexes' stores of the separate layout are not
+   * known then: only the stores every layout keeps (the operator then writes Spark's metadata of it
+   * again with all of them).
+   */
+  override val stateStoreNames: Seq[String] = storeNames(chosenLayout)
+
+  /** Every store of a partition (with `layout` unknown, the ones every layout keeps). */
+  private def storeNames(layout: Option[StreamingLayout]): Seq[String] = {
+    val stored = StreamingLayout.storedOf(plannedLayout.kinds)
+    (plannedLayout.stores match {
+      case StoreLayout.Separate => stored.flatMap { j =>
+        InputState.storeName(j) +: layout.fold(Seq.empty[String])(chosen =>
+          chosen.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _)))
+      }
+      case StoreLayout.ColumnFamilies =>
+        if (stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
+    }) ++ semiInputs.map(InputState.unmatchedStoreName)
+  }
 
   /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
   private def semiInputs: Seq[Int] = graphShape.filters.keys.toSeq.sorted
@@ -123,10 +152,32 @@ case class StreamingUMJoinExec(
   private def partitionKey(j: Int): Option[Expression] =
     layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
 
+  /**
+   * Each input placed in the state's partitions by the key its store is partitioned on, or
+   * broadcast. A new checkpoint's partitioned inputs are placed by the operator, once it chose
+   * their keys ([[placedChildren]]).
+   */
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
-    StreamingUMJoinExec.placement(layout, joinGraph, j, getStateInfo.numPartitions) match {
-      case Some(key) => StatefulOpClusteredDistribution(Seq(key), getStateInfo.numPartitions)
-      case None => BroadcastDistribution(IdentityBroadcastMode)
+    plannedLayout match {
+      case _ if plannedLayout.broadcast(j) => BroadcastDistribution(IdentityBroadcastMode)
+      case GroupLayout.Decided(layout) =>
+        val key = StreamingUMJoinExec.placement(layout, joinGraph, j, getStateInfo.numPartitions)
+        StatefulOpClusteredDistribution(key.toSeq, getStateInfo.numPartitions)
+      case _: GroupLayout.FromFirstMicroBatch => UnspecifiedDistribution
+    }
+  }
+
+  /**
+   * The children as the micro-batch reads them: a new checkpoint's partitioned inputs each
+   * hash-partitioned into the state's partitions by the layout chosen, as Spark's exchange would
+   * have placed them had the layout been known when it planned.
+   */
+  private def placedChildren(layout: StreamingLayout): Seq[SparkPlan] = plannedLayout match {
+    case _: GroupLayout.Decided => children
+    case _: GroupLayout.FromFirstMicroBatch => children.indices.map { j =>
+      val partitions = getStateInfo.numPartitions
+      StreamingUMJoinExec.placement(layout, joinGraph, j, partitions).fold(children(j))(key =>
+        ShuffleExchangeExec(HashPartitioning(Seq(key), partitions), children(j)))
     }
   }
 
@@ -139,7 +190,12 @@ case class StreamingUMJoinExec(
    * above keyed by that key needs no exchange. Otherwise unknown: a route ending on another class
    * puts its results out in that class's partitions.
    */
-  override def outputPartitioning: Partitioning = {
+  override def outputPartitioning: Partitioning = plannedLayout match {
+    case GroupLayout.Decided(layout) => outputPartitioningOf(layout)
+    case _: GroupLayout.FromFirstMicroBatch => UnknownPartitioning(getStateInfo.numPartitions)
+  }
+
+  private def outputPartitioningOf(layout: StreamingLayout): Partitioning = {
     val graph = joinGraph
     val partitions = getStateInfo.numPartitions
     val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
@@ -175,10 +231,17 @@ case class StreamingUMJoinExec(
   override def operatorStateMetadata(
       stateSchemaPaths: List[List[String]]): OperatorStateMetadata = {
     val info = getStateInfo
-    val prefixColumns = stateSpecs.flatMap(spec => spec.rowStore +: spec.indexStores)
+    val specs = chosenLayout.fold(unmatchedStates(joinGraph, children.map(_.output).toIndexedSeq)
+      .map(_.spec))(_ => stateSpecs)
+    val prefixColumns = specs.flatMap(spec => spec.rowStore +: spec.indexStores)
       .map(store => store.name -> InputState.keyEncoding(store.keySchema).numColsPrefixKey).toMap
-    val stores = stateStoreNames.map(name =>
-      StateStoreMetadataV1(name, prefixColumns.getOrElse(name, 0), info.numPartitions))
+    // (A row store's key is prefixed by its partitioning key's one column, whatever its type.)
+    val rowStorePrefix =
+      InputState.keyEncoding(InputStateSpec.rowKeySchema(IntegerType)).numColsPrefixKey
+    val rowStores = StreamingLayout.storedOf(plannedLayout.kinds).map(InputState.storeName).toSet
+    val stores = storeNames(chosenLayout).map(name => StateStoreMetadataV1(name,
+      prefixColumns.getOrElse(name, if (rowStores(name)) rowStorePrefix else 0),
+      info.numPartitions))
     OperatorStateMetadataV1(OperatorInfoV1(info.operatorId, shortName),
       (StateStoreMetadataV1(StateStoreId.DEFAULT_STORE_NAME, 0, info.numPartitions) +: stores)
         .toArray)
@@ -190,19 +253,19 @@ case class StreamingUMJoinExec(
    */
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = {
     import OperatorMetrics._
-    val sliced = layout.timeSlices.exists(_.isDefined)
+    val sliced = children.indices.exists(plannedLayout.maySlice)
     Seq(RouteChanges, CombinationsShipped, StateRowsReadIntoMemory, MemoryIndexBytes)
       .map(_.declared) ++
       (if (sliced) Seq(ShipNanos.declared) else Nil) ++
       children.indices.flatMap { i =>
         val perInput = Seq(StateRows, StateIndexEntries, StateBytes, RowsIn, Probes, Matches,
           EarlyStops, ConditionChecks, CostlyChecks) ++
-          (if (layout.isTimeSliced(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations,
+          (if (plannedLayout.maySlice(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations,
             SliceProbeNanos)
           else Nil) ++
           (if (graphShape.outer.contains(i)) Seq(NullPadded) else Nil) ++
           (if (semiInputs.contains(i)) Seq(SemiDropped, UnmatchedRows) else Nil) ++
-          (if (layout.kinds(i) == InputKind.StaticStored) {
+          (if (plannedLayout.kinds(i) == InputKind.StaticStored) {
             Seq(StaticLoads, StaticCacheHits, StaticCacheMisses, StaticCachedKeys,
               StaticCachedBytes, StaticDiskBytes)
           } else Nil)
@@ -293,12 +356,27 @@ case class StreamingUMJoinExec(
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
     val run = StreamingRun.of(session, info.queryRunId)
+    val layout = chosenLayout.getOrElse {
+      val chosen = chooseLayout(plannedLayout.asInstanceOf[GroupLayout.FromFirstMicroBatch])
+      chosenLayout = Some(chosen)
+      // Spark's metadata of the operator lists the stores the layout adds (its indexes').
+      if (storeNames(chosenLayout) != stateStoreNames) {
+        checkpoint.rewriteOperatorMetadata(operatorStateMetadata(Nil))
+      }
+      chosen
+    }
+    val placed = placedChildren(layout)
     // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
     if (Option(run.layoutRecords.get(info.operatorId)).forall(_.isEmpty)) {
       run.layoutRecords.put(info.operatorId,
         Some(checkpoint.recordLayout(layout, graph, outputs, inputLabels)))
     }
-    if (layout.timeSlices.exists(_.isDefined)) checkpoint.recordSlicing(info.storeVersion, layout)
+    if (layout.timeSlices.exists(_.isDefined)) {
+      run.slicings.put(info.operatorId, checkpoint.recordSlicing(info.storeVersion, layout,
+        Option(run.slicings.get(info.operatorId))
+          .getOrElse(checkpoint.recordedSlicing(info.storeVersion))))
+    }
+    run.ranVersions.put(info.operatorId, info.storeVersion)
 
     // The routes of this batch: the plan's, or chosen again from the statistics of the batches
     // before.
@@ -308,14 +386,22 @@ case class StreamingUMJoinExec(
         layout.partitionClass(to).forall(c => graph.classes(c).inputs.contains(from))
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
-    val cost = probeOrder.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
+    val order = probeOrderFor(layout)
+    if (order != probeOrder) {
+      val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
+        s" keeps its recorded routes instead of choosing them by ${probeOrder.policy.name}" +
+        (": its checkpoint's state was laid out for the fixed probe order; use a new checkpoint " +
+          "location to probe adaptively")
+      if (run.firstNote(message, unconverted = false)) logInfo(s"UMJoin: $message")
+    }
+    val cost = order.costModel(StoreStructure.Sorted).copy(fanOut = fanOut)
     val (allRoutes, changed) = StreamingRoutes.next(run, info.operatorId, probeGraph,
-      layout.routes, probeOrder, cost, partitions)
+      layout.routes, order, cost, partitions)
     // A semi join's stream starts no route: its rows only let combinations through, at their first
     // match.
     val routes = allRoutes.filter { case (start, _) => !graphShape.filters.contains(start) }
     metric(OperatorMetrics.RouteChanges) += changed
-    val statistics = Option.when(probeOrder.adaptive) {
+    val statistics = Option.when(order.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
       sparkContext.register(accumulator, s"UMJoin probe statistics, operator ${info.operatorId}")
       StreamingRoutes.collect(run, info.operatorId, accumulator)
@@ -430,9 +516,9 @@ case class StreamingUMJoinExec(
     val partitioned = children.indices.filter(j => layout.partitionClass(j).isDefined &&
       staticLoads.get(j).forall(_.load))
     val position = partitioned.zipWithIndex.toMap
-    val inputRdds = partitioned.map(children(_).execute())
+    val inputRdds = partitioned.map(placed(_).execute())
     val broadcasts = children.indices.map(j => Option.when(layout.partitionClass(j).isEmpty)(
-      children(j).executeBroadcast[Array[InternalRow]]()))
+      placed(j).executeBroadcast[Array[InternalRow]]()))
 
     def task(stage: Int, context: org.apache.spark.TaskContext,
         read: Int => Iterator[InternalRow]): StageTask =
@@ -445,7 +531,7 @@ case class StreamingUMJoinExec(
         })
 
     // Every stage's task k reads the stores of partition k: it runs where they were last loaded.
-    val storesLoaded = Some(StateStoreLocations.of(session, info, stateStoreNames))
+    val storesLoaded = Some(StateStoreLocations.of(session, info, storeNames(Some(layout))))
     val shuffled =
       (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
         val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous,
@@ -455,6 +541,35 @@ case class StreamingUMJoinExec(
     new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled,
       (context, read) => task(job.stageCount - 1, context, read).results(), storesLoaded)
   }
+
+  /**
+   * A new checkpoint's layout, chosen from this (first) micro-batch's figures: its inputs run once
+   * more to be measured, in a job of their own ([[FirstBatchStatistics]]), as a range exchange
+   * samples its input in a job before it shuffles.
+   */
+  private def chooseLayout(basis: GroupLayout.FromFirstMicroBatch): StreamingLayout = {
+    val graph = joinGraph
+    val measured = FirstBatchStatistics.measure(children.indices.map { i =>
+      val input = children(i) match {
+        case broadcast: BroadcastExchangeExec => broadcast.child
+        case other => other
+      }
+      (input, FirstBatchStatistics.keys(graph, i))
+    })
+    val chosen = basis.chosen(graph, FirstBatchStatistics.sizes(measured, graph))
+    logInfo(s"UMJoin: layout of operator ${getStateInfo.operatorId} chosen from " +
+      s"${chosen.statistics}: predicted probe cost ${chosen.predictedCost}")
+    chosen
+  }
+
+  /**
+   * The probe order `layout` lets the operator follow: a layout chosen for the fixed order indexes
+   * stores on several classes at once, which an adaptive policy's routes may not all reach (they
+   * change the inputs bound before a store); its recorded routes then stay.
+   */
+  private def probeOrderFor(layout: StreamingLayout): ProbeOrderSettings =
+    if (!probeOrder.adaptive || layout.routable(layout.probeGraph(joinGraph))) probeOrder
+    else probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
 
   /** A row's bytes as Spark estimates them from its schema. */
   private def rowBytes(attributes: Seq[Attribute]): Double =
@@ -472,7 +587,15 @@ case class StreamingUMJoinExec(
     if (sizes.isEmpty) 1.0 else sizes.sum / sizes.size
   }
 
-  override def simpleString(maxFields: Int): String = {
+  /** Before a new checkpoint's first micro-batch ran: its inputs and what it will choose from. */
+  override def simpleString(maxFields: Int): String = chosenLayout.fold {
+    val inputs =
+      children.indices.map(i => s"#$i ${inputLabels(i)} (${plannedLayout.kinds(i).name})")
+    s"$nodeName inputs=[${inputs.take(maxFields).mkString(", ")}], layout=chosen from the " +
+      s"first micro-batch when it runs, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
+  }(describedWith(_, maxFields))
+
+  private def describedWith(layout: StreamingLayout, maxFields: Int): String = {
     val graph = joinGraph
     val inputs = children.indices.map { i =>
       val placement = layout.kinds(i) match {
@@ -519,7 +642,7 @@ case class StreamingUMJoinExec(
       if (conditions.isEmpty) "" else s", conditions=[${conditions.take(maxFields).mkString(", ")}]"
     s"$nodeName inputs=[$inputs], keys=[$keys]$conditionText, routes=[$routes], " +
       f"predictedProbeCost=${layout.predictedCost}%.4g, statistics=[${
-        layout.statistics}], probeOrder=${probeOrder.policy.name}, operator=${
+        layout.statistics}], probeOrder=${probeOrderFor(layout).policy.name}, operator=${
         stateInfo.map(_.operatorId).getOrElse("?")}"
   }
 
