@@ -92,6 +92,11 @@ def _run(session: SparkSession, sql: str, name: str, settings: dict[str, str]) -
                      .trigger(availableNow=True).start())
             query.awaitTermination()
         except Exception as e:  # Spark refuses some blocks as streams; _block tells a refusal from a failure
+            # A query still running writes into its checkpoint, which goes when this returns: stopped first
+            # (its thread joined). Seen once: a failing run's source wrote its offsets while the directory went.
+            for active in session.streams.active:
+                if active.name == name:
+                    active.stop()
             return _error(e, name, checkpoint)
         seconds = time.perf_counter() - start
         plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()

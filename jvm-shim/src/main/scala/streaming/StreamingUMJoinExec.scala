@@ -356,14 +356,17 @@ case class StreamingUMJoinExec(
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
     val run = StreamingRun.of(session, info.queryRunId)
-    val layout = chosenLayout.getOrElse {
-      val chosen = chooseLayout(plannedLayout.asInstanceOf[GroupLayout.FromFirstMicroBatch])
-      chosenLayout = Some(chosen)
-      // Spark's metadata of the operator lists the stores the layout adds (its indexes').
-      if (storeNames(chosenLayout) != stateStoreNames) {
-        checkpoint.rewriteOperatorMetadata(operatorStateMetadata(Nil))
+    val layout = plannedLayout match {
+      case GroupLayout.Decided(decided) => decided
+      case basis: GroupLayout.FromFirstMicroBatch => chosenLayout.getOrElse {
+        val chosen = chooseLayout(basis)
+        chosenLayout = Some(chosen)
+        // Spark's metadata of the operator lists the stores the layout adds (its indexes').
+        if (storeNames(chosenLayout) != stateStoreNames) {
+          checkpoint.rewriteOperatorMetadata(operatorStateMetadata(Nil))
+        }
+        chosen
       }
-      chosen
     }
     val placed = placedChildren(layout)
     // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
