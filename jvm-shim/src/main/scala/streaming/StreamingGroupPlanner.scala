@@ -420,11 +420,8 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         // failure) keeps it.
         def continued(recorded: StreamingLayout): StreamingLayout =
           if (!recorded.timeSlices.exists(_.isDefined)) recorded
-          else Option(run.slicings.get(info.operatorId)).getOrElse {
-            val read = checkpoint.get.recordedSlicing(info.storeVersion)
-            run.slicings.put(info.operatorId, read)
-            read
-          } match {
+          else run.recordedSlicing(info.operatorId,
+              checkpoint.get.recordedSlicing(info.storeVersion)) match {
             case Some((version, slicing)) if version == info.storeVersion =>
               recorded.copy(timeSlices = slicing)
             case changed => changed.fold(recorded)(c => recorded.copy(timeSlices = c._2))

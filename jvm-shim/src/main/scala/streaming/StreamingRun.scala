@@ -56,6 +56,11 @@ final class StreamingRun(val runId: UUID) {
    */
   private[streaming] val slicings =
     new ConcurrentHashMap[Long, Option[(Long, IndexedSeq[Option[TimeSlicing]])]]()
+
+  /** Operator `operatorId`'s last change of time slicing: the run's, else `read` (once). */
+  def recordedSlicing(operatorId: Long, read: => Option[(Long, IndexedSeq[Option[TimeSlicing]])])
+      : Option[(Long, IndexedSeq[Option[TimeSlicing]])] =
+    slicings.computeIfAbsent(operatorId, _ => read)
   /**
    * Per operator id: the last micro-batch (its stores' version) it ran in this run: the next
    * micro-batch reads the version it committed.

@@ -376,8 +376,7 @@ case class StreamingUMJoinExec(
     }
     if (layout.timeSlices.exists(_.isDefined)) {
       run.slicings.put(info.operatorId, checkpoint.recordSlicing(info.storeVersion, layout,
-        Option(run.slicings.get(info.operatorId))
-          .getOrElse(checkpoint.recordedSlicing(info.storeVersion))))
+        run.recordedSlicing(info.operatorId, checkpoint.recordedSlicing(info.storeVersion))))
     }
     run.ranVersions.put(info.operatorId, info.storeVersion)
 
