@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     planning.add_argument("--batches", type=whole_number, default=12, help="micro-batches of 50 rows per stream (default 12)")
     planning.add_argument("--repetitions", type=whole_number, default=3, help="runs per chain and setting, alternating (default 3)")
     planning.add_argument("--out", type=Path, default=RESULTS, help="output directory")
+    planning.add_argument("--baseline-jar", type=Path, help="also run UMJoin (RocksDB) from this jar of the shim, e.g. an earlier commit's")
+    planning.add_argument("--baseline-name", default="baseline", help="what the baseline jar is, for the result's table")
     return parser
 
 
@@ -124,7 +126,8 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "planning":
         from bench.planning import run_planning_bench
 
-        run_planning_bench(args.out, args.batches, args.repetitions)
+        baseline = (args.baseline_jar, args.baseline_name) if args.baseline_jar else None
+        run_planning_bench(args.out, args.batches, args.repetitions, baseline)
     elif args.command == "probe-order":
         from bench.probe_order import run_probe_order_bench
 

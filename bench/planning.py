@@ -11,7 +11,9 @@ run, the medians over its micro-batches (the first two left out: the JVM warms u
 stores' commits, summed over the tasks), the first micro-batch's `queryPlanning` and latency (a new checkpoint's, in a
 JVM that just started, so slower for every run; UMJoin chooses its layout in it), the state store instances, the state
 operators the progress lists and whether the executed plan holds a StreamingSymmetricHashJoinExec; per setting, the
-min/median/max of those figures over the repetitions.
+min/median/max of those figures over the repetitions. With `--baseline-jar JAR --baseline-name NAME`, a fifth
+setting runs UMJoin with RocksDB from another build of the shim (an earlier commit's jar), so that a change is
+measured against what it replaced in the same run.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from umjoin.local import local_builder
 
     builder = local_builder("umjoin-bench-planning", shuffle_partitions=4).config("spark.umjoin.enabled", str(spec["umjoin"]).lower())
+    if spec.get("jar"):
+        builder = builder.config("spark.jars", spec["jar"])
     if spec["provider"]:
         builder = builder.config("spark.sql.streaming.stateStore.providerClass", spec["provider"])
     if spec["format"]:
@@ -94,18 +98,27 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             "sparks_join_planned": "StreamingSymmetricHashJoin" in plan, "output": outputs.observed_output(progress)}
 
 
-def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
-    """Runs every setting on both chains, `repetitions` times alternating; writes planning.md and planning.json into `out`."""
+def run_planning_bench(out: Path, batches: int, repetitions: int, baseline: tuple[Path, str] | None = None) -> Path:
+    """Runs every setting on both chains, `repetitions` times alternating; writes planning.md and planning.json into `out`.
+
+    `baseline`: (a jar of the shim, its name), run as one more setting (UMJoin, RocksDB)."""
     out.mkdir(parents=True, exist_ok=True)
+    settings = [(name, umjoin, provider, state_format, None) for name, umjoin, provider, state_format in SETTINGS]
+    if baseline is not None:
+        jar, label = baseline
+        if not jar.is_file():
+            raise SystemExit(f"bench planning: no jar at {jar}; build one with `python jvm-shim/build_jar.py {jar}` in a "
+                             "checkout of the commit to compare with")
+        settings.append((f"UMJoin, RocksDB, {label}", True, ROCKSDB_PROVIDER, None, str(jar.resolve())))
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="umjoin-bench-planning-") as scratch:
         for chain, streams, how in CHAINS:
             directory = Path(scratch) / f"streams{streams}"
             write_streams(directory, streams, batches)
             for repetition in range(repetitions):
-                for name, umjoin, provider, state_format in SETTINGS:
+                for name, umjoin, provider, state_format, jar in settings:
                     spec = {"streams": str(directory), "streams_count": streams, "how": how, "umjoin": umjoin, "provider": provider,
-                            "format": state_format, "checkpoint": str(Path(scratch) / "checkpoint")}
+                            "format": state_format, "jar": jar, "checkpoint": str(Path(scratch) / "checkpoint")}
                     reported = reported_on_fresh_checkpoint("bench.planning", spec)
                     if "ended" in reported:
                         raise RuntimeError(f"bench planning run {chain} / {name} failed: {reported['ended']}")
@@ -116,9 +129,12 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
                     results.append({"chain": chain, "run": name, "repetition": repetition + 1, **reported})
     measured = commit()
     (out / "planning.json").write_text(json.dumps({"commit": measured, "batches": batches, "repetitions": repetitions,
+                                                   "baseline": baseline and [str(baseline[0]), baseline[1]],
                                                    "rows_per_batch": ROWS_PER_BATCH, "results": results}, indent=1) + "\n")
+    command = f"python -m bench planning --batches {batches} --repetitions {repetitions}" + (
+        f" --baseline-jar {baseline[0]} --baseline-name '{baseline[1]}'" if baseline else "")
     lines = ["# Planning a micro-batch: UMJoin against Spark's chained stream-stream joins", "",
-             f"`python -m bench planning --batches {batches} --repetitions {repetitions}` at commit {measured}: "
+             f"`{command}` at commit {measured}: "
              f"{__doc__.split(chr(10), 2)[2].strip()}", "",
              "Figures in ms, min / median / max over the repetitions of each run's median (the first micro-batch's: of its "
              "figure); ratios of medians against Spark's joins (default store).", "",
@@ -130,7 +146,7 @@ def run_planning_bench(out: Path, batches: int, repetitions: int) -> Path:
         base = [r for r in of_chain if r["run"] == SETTINGS[0][0]]
         base_planning = statistics.median(r["planning_ms"] for r in base)
         base_latency = statistics.median(r["latency_ms"] for r in base)
-        for name, *_ in SETTINGS:
+        for name, *_ in settings:
             runs = [r for r in of_chain if r["run"] == name]
             planning = [r["planning_ms"] for r in runs]
             latency = [r["latency_ms"] for r in runs]
