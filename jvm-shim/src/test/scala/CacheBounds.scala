@@ -3,7 +3,7 @@ package umjoin.spark.testkit
 import org.json4s.JsonAST._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
-import umjoin.spark.streaming.LeastRecentlyUsed
+import umjoin.spark.core.LeastRecentlyUsed
 
 /**
  * UMJoin's bounded caches (LeastRecentlyUsed), asked directly by the tests (not part of the UMJoin

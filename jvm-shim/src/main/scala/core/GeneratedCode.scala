@@ -1,6 +1,6 @@
 package umjoin.spark.core
 
-import java.util.concurrent.{ConcurrentHashMap, ConcurrentLinkedQueue}
+import java.util.concurrent.ConcurrentLinkedQueue
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
@@ -24,11 +24,12 @@ object GeneratedCode {
   // expression ids) finds its code.
   private final case class Key(kind: String, bound: Seq[Expression])
 
-  private val free = new ConcurrentHashMap[Key, ConcurrentLinkedQueue[AnyRef]]()
   // Conditions holding a micro-batch's watermark are interpreted (below), not pooled; should other
-  // expressions change from batch to batch, the pool forgets everything now and then, so that it
-  // pins few generated classes (a 10-way chain's routes need about 500 keys).
-  private val MaxKeys = 1024
+  // expressions change from batch to batch, the pool forgets the least recently asked for, so that
+  // it pins few generated classes (a 10-way chain's routes need about 500 keys). An instance given
+  // back to a forgotten key's queue goes with it.
+  private val free =
+    new LeastRecentlyUsed[Key, ConcurrentLinkedQueue[AnyRef]](maxEntries = 1024)
 
   /** `condition` over `input`, initialized for `partition`. */
   def predicate(condition: Expression, input: Seq[Attribute], partition: Int): BasePredicate = {
@@ -71,8 +72,7 @@ object GeneratedCode {
   private def reused[T <: AnyRef](key: Key, shareable: Boolean, create: () => T): T = {
     val context = TaskContext.get()
     if (!shareable || context == null) return create()
-    if (free.size > MaxKeys) free.clear()
-    val queue = free.computeIfAbsent(key, _ => new ConcurrentLinkedQueue[AnyRef]())
+    val queue = free.update(key, _.getOrElse(new ConcurrentLinkedQueue[AnyRef]()))
     val instance = Option(queue.poll()).getOrElse(create()).asInstanceOf[T]
     context.addTaskCompletionListener[Unit](_ => queue.offer(instance))
     instance

@@ -1,4 +1,4 @@
-package umjoin.spark.streaming
+package umjoin.spark.core
 
 /**
  * A cache that keeps at most `maxEntries` values and at most `maxWeight` of their `weight` in all,

@@ -5,7 +5,7 @@ import scala.util.control.NonFatal
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.{BindReferences, Expression, GenericInternalRow}
 import org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
-import org.apache.spark.sql.execution.{SQLExecution, SparkPlan}
+import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
   StatefulOperator}
 
@@ -56,7 +56,9 @@ object FirstBatchStatistics extends Logging {
     val sketch = new HyperLogLogPlusPlusHelper(RelativeError)
     def sketches(count: Int) =
       Seq.fill(count)(new GenericInternalRow(Array.fill[Any](sketch.numWords)(0L)))
-    def counted: Array[(Int, Long, Seq[GenericInternalRow])] = {
+    // Run by the operator inside the micro-batch's SQL execution: its tasks read the session's
+    // SQL settings (code generation's among them) as the query's own tasks do.
+    val perPartition: Array[(Int, Long, Seq[GenericInternalRow])] = {
       val perInput = inputs.zipWithIndex.map { case ((input, keys), i) =>
         // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the
         // batch once.
@@ -77,12 +79,6 @@ object FirstBatchStatistics extends Logging {
       }
       perInput.head.sparkContext.union(perInput).collect()
     }
-    // Its tasks read the session's SQL settings, as the query's own tasks do. Without them a task
-    // sees Spark's defaults for what it reads as it runs, code generation's settings among them:
-    // the first code generated in the JVM sized Spark's code cache at its default, whatever
-    // spark.sql.codegen.cache.maxEntries said.
-    val perPartition =
-      Option(inputs.head._1.session).fold(counted)(SQLExecution.withSQLConfPropagated(_)(counted))
     inputs.indices.map { i =>
       val parts = perPartition.filter(_._1 == i)
       val merged = sketches(inputs(i)._2.size)

@@ -12,7 +12,7 @@ import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoder
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
 
-import umjoin.spark.core.GeneratedCode
+import umjoin.spark.core.{GeneratedCode, LeastRecentlyUsed}
 import umjoin.spark.core.probe.StoreIndex
 import umjoin.spark.core.store.JoinStore
 

@@ -10,6 +10,7 @@ import org.apache.spark.sql.catalyst.expressions.{Expression, UnsafeRow}
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
+import umjoin.spark.core.LeastRecentlyUsed
 import umjoin.spark.core.cost.{CacheModel, KeyStatistics, StaticCacheMode, StaticCacheSettings,
   StreamRateForecast}
 import umjoin.spark.core.probe.StoreIndex

@@ -693,7 +693,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     } else conf.probeOrder
     // A static table Spark would broadcast is broadcast; the other inputs are placed in the
     // state's partitions by their exchanges (built by the operator when it chooses a new layout).
-    val children = converted.map(placeable).zipWithIndex.map { case (input, j) =>
+    val children = converted.zipWithIndex.map { case (input, j) =>
       if (plan.layout.broadcast(j))
         BroadcastExchangeExec(IdentityBroadcastMode, input)
       else if (plan.marks(j).isEmpty) input
