@@ -12,7 +12,7 @@ import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoder
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
 
-import umjoin.spark.core.{GeneratedCode, LeastRecentlyUsed}
+import umjoin.spark.core.{GeneratedCode, JoinGraph, LeastRecentlyUsed}
 import umjoin.spark.core.probe.StoreIndex
 import umjoin.spark.core.store.JoinStore
 
@@ -62,6 +62,16 @@ object InputStateSpec {
   def rowKeySchema(partitionKeyType: DataType): StructType = StructType(Seq(
     StructField("key", partitionKeyType), StructField("sequence", LongType, nullable = false),
     StructField("storedAtMs", LongType, nullable = false)))
+
+  /** Per input `layout` stores, where a partition keeps its rows. */
+  def of(layout: StreamingLayout, graph: JoinGraph,
+      outputs: IndexedSeq[Seq[Attribute]]): Map[Int, InputStateSpec] =
+    layout.stored.map { j =>
+      val c = layout.partitionClass(j).get
+      j -> InputStateSpec(j, outputs(j), c, graph.classes(c).keyOf(j).get,
+        layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)),
+        InputState.storeName(j))
+    }.toMap
 }
 
 /**

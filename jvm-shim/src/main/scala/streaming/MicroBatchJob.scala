@@ -4,7 +4,6 @@ import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, No
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 import umjoin.spark.core.JoinGraph
-import umjoin.spark.core.cost.StaticCacheSettings
 import umjoin.spark.core.probe.{Route, StoreIndex}
 
 /**
@@ -20,6 +19,28 @@ import umjoin.spark.core.probe.{Route, StoreIndex}
  */
 final case class UnmatchedSpec(nonPreserved: Int, spec: InputStateSpec,
     onCondition: Option[Expression], unmatchable: Option[Expression])
+
+object UnmatchedSpec {
+  /**
+   * Where a partition keeps the combinations waiting for each semi join's first match, lowest join
+   * first; `unmatchable` per input.
+   */
+  def of(graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]],
+      unmatchable: Seq[Option[Expression]]): Seq[UnmatchedSpec] =
+    graph.filters.keys.toSeq.sorted.map { o =>
+      val key = graph.classes.indexWhere(_.inputs.contains(o))
+      val preserved = graph.joined.filter(_ != o)
+      // A waiting combination may be padded for an outer input: its columns are read as nullable.
+      val columns = preserved.flatMap(i =>
+        if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
+      UnmatchedSpec(o,
+        InputStateSpec(o, columns, key, graph.classes(key).members
+          .collectFirst { case (i, e) if graph.joined.contains(i) => e }.get, Nil,
+          InputState.unmatchedStoreName(o)),
+        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And),
+        unmatchable(o))
+    }
+}
 
 /**
  * When the group's outer joins put out a combination of their preserved inputs padded with NULLs:
@@ -60,47 +81,60 @@ final case class OuterPadding(starts: Map[Int, Int], now: Map[Int, Expression],
 }
 
 /**
- * What every task of one micro-batch of a streaming UMJoin needs (it travels with them).
+ * What every task of one micro-batch of a streaming UMJoin needs (it travels with them): the
+ * operator's description (`spec`, and its expressions bound to the layout chosen) and what the
+ * operator decided for this batch.
  *
- * @param keysRejectingNull per input, the keys a row with a NULL in one is dropped for: it joins
- *                   nothing (not those of an outer join preserving the input, which pads such
- *                   a row)
- * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
- * @param stateCacheRows a stream's stored rows are probed in memory where a task's partition holds
- *                   at most this many
+ * @param routes     per stream that starts one, the route this batch's new rows take
  * @param staticLoads per stored static table, whether this batch writes its stores, and which load
  *                   they hold
- * @param staticRowBytes per stored static table, its rows' and the rows probing it estimated bytes
- *                   (v_R, v_S)
- * @param slices     per stream spread by time slice, which of its partitions a combination is sent
- *                   to
- * @param stores     how each partition's stores are kept
+ * @param nowMs      the batch's time, the same in every task and retry (stored rows' time, TTL)
  */
 final case class MicroBatchJob(
+    spec: GroupSpec,
+    layout: StreamingLayout,
     graph: JoinGraph,
-    kinds: IndexedSeq[InputKind],
     outputs: IndexedSeq[Seq[Attribute]],
     result: Seq[Attribute],
-    routes: Map[Int, Route.Plan],
-    states: Map[Int, InputStateSpec],
-    keysRejectingNull: IndexedSeq[Seq[Expression]],
     lateRows: IndexedSeq[Option[Expression]],
     evictable: IndexedSeq[Option[Expression]],
-    stateTtlMs: Option[Long],
-    nowMs: Long,
-    stateCacheRows: Long,
-    staticLoads: Map[Int, StaticVersions.Decision],
-    staticCache: StaticCacheSettings,
-    staticRowBytes: Map[Int, (Double, Double)],
     unmatched: Seq[UnmatchedSpec],
     padding: Option[OuterPadding],
-    slices: Map[Int, SliceWindow],
-    partitions: Int,
-    stores: StoreLayout,
+    routes: Map[Int, Route.Plan],
+    staticLoads: Map[Int, StaticVersions.Decision],
+    nowMs: Long,
     info: StatefulOperatorStateInfo) {
 
+  /** Per stored input, where a partition keeps its rows. */
+  @transient lazy val states: Map[Int, InputStateSpec] = InputStateSpec.of(layout, graph, outputs)
+
+  /**
+   * Per input, the keys a row with a NULL in one is dropped for: it joins nothing (not those of an
+   * outer join preserving the input, which pads such a row).
+   */
+  @transient lazy val keysRejectingNull: IndexedSeq[Seq[Expression]] =
+    layout.kinds.indices.map(graph.keysRejectingNull)
+
+  /** Per stream spread by time slice, which of its partitions a combination is sent to. */
+  @transient lazy val slices: Map[Int, SliceWindow] =
+    layout.kinds.indices.filter(layout.isTimeSliced).map(j => j ->
+      SliceWindow(layout.timeSlices(j).get, info.numPartitions, spec.sliceBounds(j))).toMap
+
+  /**
+   * Per stored static table, its rows' and the rows probing it estimated bytes (v_R and v_S of
+   * paper 003, SSBJ, Theorem 2), v_S averaged over the routes' steps into it.
+   */
+  @transient lazy val staticRowBytes: Map[Int, (Double, Double)] = staticLoads.keys.map { j =>
+    val probing = routes.values.toSeq.flatMap(run => run.route.order.indexOf(j) match {
+      case p if p > 0 => Some(MicroBatchJob.rowBytes(run.route.order.take(p).flatMap(outputs)))
+      case _ => None
+    })
+    j -> (MicroBatchJob.rowBytes(outputs(j)),
+      if (probing.isEmpty) 1.0 else probing.sum / probing.size)
+  }.toMap
+
   /** How the rows shipped between this job's stages say what they are. */
-  @transient lazy val shippedTags: Shipped.Tags = new Shipped.Tags(kinds.size)
+  @transient lazy val shippedTags: Shipped.Tags = new Shipped.Tags(layout.kinds.size)
 
   /** The route a partial combination continues (a rescan takes the steps of its start's route). */
   def planOf(partial: Shipped.Partial): Route.Plan = routes(partial.start)
@@ -134,14 +168,6 @@ final case class MicroBatchJob(
    */
   val stageCount: Int = settleStage.lastOption.fold(routeStages)(_ + 1)
 
-  val streams: Seq[Int] = kinds.indices.filter(kinds(_) == InputKind.Stream)
-
-  /**
-   * The inputs whose rows live in state stores (see
-   * [[umjoin.spark.streaming.StreamingLayout.stored]]).
-   */
-  val stored: Seq[Int] = states.keys.toSeq.sorted
-
   /**
    * Whether input j is a stored static table this batch writes (so its rows come from its child,
    * not its stores).
@@ -161,3 +187,8 @@ final case class MicroBatchJob(
   def keyOf(input: Int, c: Int): Expression = graph.classes(c).keyOf(input).get
 }
 
+object MicroBatchJob {
+  /** A row's bytes as Spark estimates them from its schema. */
+  def rowBytes(attributes: Seq[Attribute]): Double =
+    attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
+}

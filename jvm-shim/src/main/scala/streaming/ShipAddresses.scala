@@ -54,5 +54,5 @@ private[streaming] final class ShipAddresses(job: MicroBatchJob) {
    */
   private def partitionOf(key: Expression, attributes: Seq[Attribute]): UnsafeProjection =
     UnsafeProjection.create(
-      Seq(HashPartitioning(Seq(key), job.partitions).partitionIdExpression), attributes)
+      Seq(HashPartitioning(Seq(key), job.info.numPartitions).partitionIdExpression), attributes)
 }

@@ -36,18 +36,18 @@ private[streaming] final class StageStores(
 
   private val partition = context.partitionId()
   private val isLast = stage == job.stageCount - 1
-  private val visible: Long => Boolean = job.stateTtlMs match {
+  private val visible: Long => Boolean = job.spec.stateTtlMs match {
     case Some(ttl) => storedAt => storedAt > job.nowMs - ttl
     case None => _ => true
   }
   // A stored static table's rows never expire: the table is loaded again when it changes.
   private def visibleIn(j: Int): Long => Boolean =
-    if (job.kinds(j) == InputKind.Stream) visible else _ => true
+    if (job.layout.kinds(j) == InputKind.Stream) visible else _ => true
 
   // The stores of the streams and stored tables: written (and read) in the last stage, read-only
   // before it.
   private val partitionStores =
-    new PartitionStores(job.stores, job.info, partition, storeConfs, hadoopConf, context)
+    new PartitionStores(job.layout.stores, job.info, partition, storeConfs, hadoopConf, context)
   private val writers = mutable.Map[Int, InputStateWriter]()
   private val readers = mutable.Map[Int, InputState]()
   /** How long this task spent writing, evicting and committing (see [[StoreTimes]]). */
@@ -94,9 +94,11 @@ private[streaming] final class StageStores(
   def inMemory(j: Int, index: StoreIndex): JoinStore = memoryIndexes.getOrElseUpdate(j, {
     // (An outer input's new rows are looked up by every route: a combination is padded only if none
     // matches.)
-    val indexes = probed.collect { case (start, `j`, ix) if job.kinds(j) != InputKind.Stream ||
-        j < start || job.graph.outer.contains(j) => ix }.distinct
-    val rows = job.kinds(j) match {
+    val indexes = probed.collect {
+      case (start, `j`, ix) if job.layout.kinds(j) != InputKind.Stream || j < start ||
+        job.graph.outer.contains(j) => ix
+    }.distinct
+    val rows = job.layout.kinds(j) match {
       case InputKind.Stream => fresh(j, None)
       case InputKind.StaticBroadcast => broadcastRows(j).iterator
       case InputKind.StaticPartitioned | InputKind.StaticStored => read(j)
@@ -110,7 +112,8 @@ private[streaming] final class StageStores(
   // the last stage writes this batch's rows.
   private val cachedState = mutable.Map[Int, Option[Map[StoreIndex, JoinStore]]]()
   private def stored(j: Int, index: StoreIndex): JoinStore = cachedState.getOrElseUpdate(j, {
-    CommittedRowCounts.of(job.info, partition, j).filter(n => n > 0 && n <= job.stateCacheRows)
+    CommittedRowCounts.of(job.info, partition, j)
+      .filter(n => n > 0 && n <= job.spec.stateCacheRows)
       .map { n =>
         metrics.cachedStateRows += n
         indexInMemory(j, stateOf(j).visibleRows(),
@@ -123,7 +126,7 @@ private[streaming] final class StageStores(
     val spec = job.states(j)
     val (masterRowBytes, streamRowBytes) = job.staticRowBytes(j)
     StaticCaches.of(job.info, partition, j, job.staticLoads(j).generation,
-      new StaticInputCache(job.staticLoads(j).generation, job.staticCache,
+      new StaticInputCache(job.staticLoads(j).generation, job.spec.staticCache,
         StoreIndex.single(spec.partitionClass),
         spec.allIndexes.map { case (ix, keys) =>
           ix -> BindReferences.bindReferences(keys, spec.output) }.toMap,
@@ -148,7 +151,7 @@ private[streaming] final class StageStores(
 
   /** The store a partial combination probes input `input` through `index` with. */
   def storeFor(partial: Shipped.Partial, input: Int,
-      index: StoreIndex): JoinStore = job.kinds(input) match {
+      index: StoreIndex): JoinStore = job.layout.kinds(input) match {
     case InputKind.Stream if seesNewRows(partial, input) =>
       new StageTask.Both(stored(input, index), inMemory(input, index))
     case InputKind.Stream => stored(input, index)
@@ -173,7 +176,7 @@ private[streaming] final class StageStores(
       writer.put(row, job.nowMs)
       metrics.updated += 1
     })
-    job.kinds(j) match {
+    job.layout.kinds(j) match {
       case InputKind.Stream =>
         // A sliced stream's event times are reported from the scan that evicts rows: those of the
         // rows it keeps, and of those among them stored in this batch (a late row evicted at once
@@ -186,7 +189,7 @@ private[streaming] final class StageStores(
         val arrived = new EventTimes.Counter
         store(fresh(j, Some(metrics.droppedLate)))
         val evict = job.evictable(j).map(GeneratedCode.interpreted(_, job.outputs(j), partition))
-        if (job.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
+        if (job.spec.stateTtlMs.isDefined || evict.isDefined || times.isDefined) {
           metrics.removed += storeTimes.removing(writer.removeWhere { (storedAt, row) =>
             val gone = !visible(storedAt) || evict.exists(_.eval(row))
             times.foreach { case (_, time) =>

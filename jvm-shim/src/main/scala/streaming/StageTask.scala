@@ -52,7 +52,7 @@ private[streaming] final class StageTask(
 
   private val partition = context.partitionId()
   private val isLast = stage == job.stageCount - 1
-  private val counters = statistics.map(_ => new ProbeCounters(job.kinds.size))
+  private val counters = statistics.map(_ => new ProbeCounters(job.layout.kinds.size))
   private val stores = new StageStores(job, stage, context, read, broadcastRows, metrics,
     storeConfs, hadoopConf, counters)
   import stores.{fresh, inMemory, indexInMemory, seesNewRows, stateOf, storeFor}
@@ -96,7 +96,7 @@ private[streaming] final class StageTask(
         segment: Route.Segment): Iterator[(Shipped, InternalRow)] =
       rows.map(row => (if (segment.next.isEmpty) Shipped.Result else partial, row))
     if (stage == 0) {
-      val routes = job.streams.iterator.filter(job.routes.contains).flatMap { start =>
+      val routes = job.layout.streams.iterator.filter(job.routes.contains).flatMap { start =>
         val partial = Shipped.NewRows(start)
         val (segment, core) = coreOf(partial)
         label(partial, core.join(fresh(start, None)), segment)
@@ -153,7 +153,7 @@ private[streaming] final class StageTask(
   /** A stage before the last: its rows, each addressed to the partition it continues in. */
   def shipping(): Iterator[(Int, InternalRow)] = {
     val envelope = new UnsafeRowWriter(2)
-    val copied = ShuffleWrites.keepRows(job.partitions)
+    val copied = ShuffleWrites.keepRows(job.info.numPartitions)
     // The envelope: the row's tag, then its bytes, copied once, from where they are.
     def wrap(what: Shipped, row: InternalRow): UnsafeRow = {
       val bytes = row.asInstanceOf[UnsafeRow]
@@ -169,7 +169,7 @@ private[streaming] final class StageTask(
       if (copied) envelope.getRow.copy() else envelope.getRow
     }
     val addresses = new ShipAddresses(job)
-    val all = 0 until job.partitions
+    val all = 0 until job.info.numPartitions
     // Unmatched combinations stay in this partition (their non-preserved input's store's) until the
     // stage that settles them.
     val unmatched = () => settling.settledLater.map { case (semi, row) =>
@@ -246,7 +246,7 @@ private[streaming] final class StageTask(
   }
 
   private def finish(): Unit = {
-    stores.writeAndCommit(job.stored)
+    stores.writeAndCommit(job.layout.stored)
     stores.storeTimes.committing(settling.commit())
     stores.storeTimes.addTo(metrics)
     committed(stores.instances ++ settling.instances, stores.rowsKept + settling.rowsKept)

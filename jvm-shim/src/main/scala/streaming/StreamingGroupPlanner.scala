@@ -29,27 +29,14 @@ import umjoin.spark.core.tsc.{MemberPatterns, MultiJoinGroup, PhysicalPatterns, 
   TwoStepConvert}
 
 /**
- * What a streaming group runs with (see [[StreamingUMJoinExec]] for the fields). `marks` are the
+ * A streaming group as planned: its StreamingUMJoin over the group's inputs as they stood when it
+ * was planned, to be given them once planned ([[StreamingGroupPlanner]]'s `build`). `marks` are the
  * columns each input's rows carry for the late filters over partial combinations (see
- * [[StreamingWatermarks]]), whose conditions are among the graph's residuals. `output` is what the
- * StreamingUMJoin puts out: the group's output, or the input columns it is computed from, by
- * `project`, when projections of the group compute some of it.
+ * [[StreamingWatermarks]]), whose conditions are among the graph's residuals. `project` computes
+ * the group's output from the StreamingUMJoin's where projections of the group compute some of it.
  */
-final case class StreamingGroupPlan(
-    graph: JoinGraph,
-    inputs: Seq[SparkPlan],
-    layout: GroupLayout,
-    stateInfo: StatefulOperatorStateInfo,
-    marks: Seq[Seq[Alias]],
-    outputWatermarkShiftMs: Long,
-    output: Seq[Attribute],
-    project: Option[Seq[NamedExpression]],
-    lateRows: Seq[Option[Expression]],
-    evictable: Seq[Option[Expression]],
-    unmatchable: Seq[Option[Expression]],
-    padding: Option[PaddingPlan],
-    evictionWatermark: Option[Long],
-    sliceBounds: Seq[Seq[SliceWindow.Bound]])
+final case class StreamingGroupPlan(operator: StreamingUMJoinExec, marks: Seq[Seq[Alias]],
+    project: Option[Seq[NamedExpression]])
 
 /**
  * When the group's outer joins pad a combination (see [[OuterPadding]]): per outer input, the
@@ -91,8 +78,8 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
       if (StreamingRun.of(session, runId).firstNote(message)) logInfo(s"UMJoin: $message")
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
-      g => conf.minInputsOf(timeSliced(g)), tryPlan(_, !conf.probeOrder.adaptive,
-        conf.staticTables, conf.timeSlices, operatorOf, firstOfRun, mismatched))
+      g => conf.minInputsOf(timeSliced(g)), tryPlan(_, conf, inputWatermark,
+        operatorOf, firstOfRun, mismatched))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
     // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
@@ -110,13 +97,12 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     }
     if (firstOfRun) {
       val hadoopConf = session.sessionState.newHadoopConf()
-      val converted = accepted.map(_._2.stateInfo.operatorId).toSet
+      val converted = accepted.map(_._2.operator.getStateInfo.operatorId).toSet
       reserved.filter(_.storeVersion > 0).sortBy(s => converted(s.operatorId)).foreach(s =>
         checkOperatorState(s, converted(s.operatorId), mismatched, hadoopConf))
     }
     accepted.map { case (group, p) =>
-      (group.root, group.inputs,
-        (inputs: Seq[SparkPlan]) => build(group, p, inputs, conf, inputWatermark))
+      (group.root, group.inputs, (inputs: Seq[SparkPlan]) => build(group, p, inputs, conf))
     }
   }
 
@@ -197,15 +183,14 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
   }
 
   /**
-   * The plan of a group, or why it cannot run as one StreamingUMJoin (a new layout's indexes
-   * composite with `compositeIndexes`; its large static tables stored where `staticTables` says
-   * to; its event times cut into `timeSlices` slices where it has no equi-join key,
-   * None: Spark's default parallelism); its operator's state from `operatorOf`; the files of an
+   * The plan of a group, or why it cannot run as one StreamingUMJoin (with the session's UMJoin
+   * settings `conf`; `inputWatermark`, the one Spark's simulation gives the group's operator,
+   * where known); its operator's state from `operatorOf`; the files of an
    * earlier version checked on the run's first micro-batch (`firstOfRun`). `mismatched` hears,
    * per operator, why a checkpoint's recorded layout does not fit the group tried.
    */
-  private def tryPlan(group: MultiJoinGroup[SparkPlan], compositeIndexes: Boolean,
-      staticTables: StaticTablesMode, timeSlices: Option[Int],
+  private def tryPlan(group: MultiJoinGroup[SparkPlan], conf: UMJoinConf,
+      inputWatermark: Option[Long],
       operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo], firstOfRun: Boolean,
       mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
@@ -214,7 +199,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     val batchRows = group.inputs.filter(PhysicalPatterns.isStreaming).map(estimatedRows)
       .foldLeft(Option(0.0))((sum, rows) => for (s <- sum; r <- rows) yield s + r)
     def stored(input: SparkPlan): Boolean =
-      StaticStoring.stores(staticTables, estimatedRows(input), batchRows)
+      StaticStoring.stores(conf.staticTables, estimatedRows(input), batchRows)
     val kinds = group.inputs.map(kindOf(_, stored)).toIndexedSeq
     val streams = kinds.indices.filter(kinds(_) == InputKind.Stream)
     // Columns the group's projections compute (renamed, re-marked or computed), as expressions over
@@ -276,7 +261,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     else if (stateful.isEmpty && !recorded && !kinds.contains(InputKind.StaticStored)) {
       val reread = group.inputs.indices.find(i => kinds(i) == InputKind.StaticPartitioned &&
         StaticVersions.versionable(placeable(group.inputs(i))))
-      val rereadByAuto = reread.filter(_ => staticTables == StaticTablesMode.Auto).map(i =>
+      val rereadByAuto = reread.filter(_ => conf.staticTables == StaticTablesMode.Auto).map(i =>
         s" (${StaticStoring.rereadBecause(estimatedRows(group.inputs(i)), batchRows)})")
       Left("it joins one stream with tables that are broadcast or read again every micro-batch " +
         "(spark.umjoin.staticTables=reread or auto, or tables UMJoin cannot know unchanged), " +
@@ -334,22 +319,40 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         val info = stateInfo.get
         def plannedWith(layout: GroupLayout): Either[String, StreamingGroupPlan] = {
           val evictionWatermark = stateful.flatMap(_.evictionWatermark).minOption
-          Right(StreamingGroupPlan(
-            graph = graph.copy(residuals = graph.residuals ++ lateConditions),
-            inputs = inputs,
+          val (graphShape, graphExpressions) =
+            graph.copy(residuals = graph.residuals ++ lateConditions).split
+          val paddingPlan = padding.toOption.flatten
+          val spec = GroupSpec(
+            inputLabels = group.inputs.map(label),
+            graphShape = graphShape,
             layout = layout,
-            stateInfo = info,
-            marks = marks,
+            paddingStarts = paddingPlan.fold(Map.empty[Int, Int])(_.starts),
+            sliceBounds = inputs.indices.map { j =>
+              if (!layout.maySlice(j)) Nil
+              else streams.filter(_ != j).flatMap { m =>
+                for (time <- StreamingWatermarks.eventTimeColumn(outputs(m))
+                     if SliceWindow.isTimestamp(time.dataType);
+                     behind <- distances(j)(m); ahead <- distances(m)(j))
+                  yield SliceWindow.Bound(m, time, behind, ahead)
+              }
+            },
             outputWatermarkShiftMs = outputWatermarkShift.getOrElse(0L),
+            evictionWatermark = evictionWatermark,
+            inputWatermark = inputWatermark,
+            // An outer or semi join's non-preserved side is probed last in every route.
+            probeOrder = if (graph.outer.isEmpty && graph.filters.isEmpty) conf.probeOrder
+              else conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed),
+            stateTtlMs = conf.stateTtlMs,
+            stateCacheRows = conf.stateCacheRows,
+            staticCache = conf.staticCache)
+          val operator = StreamingUMJoinExec(
             output = if (!computed) group.root.output else resultInputs.map { a =>
               // An outer join pads its non-preserved input's columns with NULLs.
               if (outerJoins.exists { case (_, o) => AttributeSet(outputs(o)).contains(a) })
                 a.withNullability(true) else a
             },
-            project = Option.when(computed)(resultColumns.map {
-              case (a, e: Attribute) if e.exprId == a.exprId => a
-              case (a, e) => Alias(e, a.name)(a.exprId, a.qualifier, Some(a.metadata))
-            }),
+            spec = spec,
+            graphExpressions = graphExpressions,
             lateRows = inputs.indices.map(i =>
               if (kinds(i) != InputKind.Stream) None
               else StreamingWatermarks.lateRows(i, filters.filter(_.atArrival(unmarkedOutputs)))),
@@ -358,7 +361,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
               else {
                 // A stored row also stays until every combination it is in was padded where due
                 // (see OuterPadding).
-                val padded = padding.toOption.flatten.map { p =>
+                val padded = paddingPlan.map { p =>
                   outerJoins.map { case (j, o) =>
                     if (i == p.starts(o)) Some(p.now(o))
                     else StreamingWatermarks.paddedBefore(i, p.starts(o), outputs, distances,
@@ -373,17 +376,15 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
             unmatchable = inputs.indices.map(o =>
               if (semiJoins.exists(_._2 == o))
                 evictionWatermark.flatMap(unmatchable(o, _)) else None),
-            padding = padding.toOption.flatten,
-            evictionWatermark = evictionWatermark,
-            sliceBounds = inputs.indices.map { j =>
-              if (!layout.maySlice(j)) Nil
-              else streams.filter(_ != j).flatMap { m =>
-                for (time <- StreamingWatermarks.eventTimeColumn(outputs(m))
-                     if SliceWindow.isTimestamp(time.dataType);
-                     behind <- distances(j)(m); ahead <- distances(m)(j))
-                  yield SliceWindow.Bound(m, time, behind, ahead)
-              }
-            }))
+            paddedNow = inputs.indices.map(i => paddingPlan.flatMap(_.now.get(i))),
+            paddedBefore = inputs.indices.map(i => paddingPlan.flatMap(_.before.get(i))),
+            stateInfo = Some(info),
+            children = inputs)
+          Right(StreamingGroupPlan(operator, marks,
+            project = Option.when(computed)(resultColumns.map {
+              case (a, e: Attribute) if e.exprId == a.exprId => a
+              case (a, e) => Alias(e, a.name)(a.exprId, a.qualifier, Some(a.metadata))
+            })))
         }
         // The event times a stream's row can be joined across: the widest range the conditions
         // allow another stream's around it.
@@ -394,11 +395,11 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         // unless set); with `auto` then the count of least predicted time from what the batch
         // before measured (PSP's model, paper 004: SliceCount).
         val cores = session.sparkContext.defaultParallelism
-        val firstSlices = timeSlices.getOrElse(cores).min(info.numPartitions)
+        val firstSlices = conf.timeSlices.getOrElse(cores).min(info.numPartitions)
         val run = StreamingRun.of(session, info.queryRunId)
         val measured = Option(run.sliceCosts.get(info.operatorId))
         def slices(i: Int, current: TimeSlicing): Int =
-          timeSlices.map(_.min(info.numPartitions)).getOrElse {
+          conf.timeSlices.map(_.min(info.numPartitions)).getOrElse {
             measured.flatMap(_.measuredBefore(info.storeVersion, i)).fold(current.slices) { costs =>
               val count = SliceCount.best(costs, current.slices, cores, info.numPartitions)
               if (count != current.slices) {
@@ -433,7 +434,8 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
           val (estimated, estimatedText) = estimatedSizes(inputs, kinds, graph)
           val spans = inputs.indices.map(timeSpanMs)
           GroupLayout.FromFirstMicroBatch(kinds, estimated, estimatedText, info.numPartitions,
-            compositeIndexes, spans, firstSlices, StoreLayout.forSession(session.sessionState.conf),
+            !conf.probeOrder.adaptive, spans, firstSlices,
+            StoreLayout.forSession(session.sessionState.conf),
             inputs.indices.map(i =>
               StreamingLayout.sliceable(graph, kinds, i, info.numPartitions, spans(i))))
         }
@@ -679,48 +681,27 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
   }
 
   private def build(group: MultiJoinGroup[SparkPlan], plan: StreamingGroupPlan,
-      converted: Seq[SparkPlan], conf: UMJoinConf,
-      inputWatermark: Option[Long] = None): SparkPlan = {
-    val info = plan.stateInfo
-    val probeOrder = if (!conf.probeOrder.adaptive) conf.probeOrder
-    else if (plan.graph.outer.nonEmpty || plan.graph.filters.nonEmpty) {
-      val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
+      converted: Seq[SparkPlan], conf: UMJoinConf): SparkPlan = {
+    val spec = plan.operator.spec
+    if (spec.probeOrder != conf.probeOrder) {
+      val message = s"the StreamingUMJoin of operator ${plan.operator.getStateInfo.operatorId}" +
         s" keeps its routes instead of choosing them by ${conf.probeOrder.policy.name}" +
         ": its outer or semi join's non-preserved side is probed last in every route"
-      if (StreamingRun.of(session, info.queryRunId).firstNote(message, unconverted = false))
+      if (StreamingRun.of(session, plan.operator.getStateInfo.queryRunId)
+          .firstNote(message, unconverted = false)) {
         logInfo(s"UMJoin: $message")
-      conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
-    } else conf.probeOrder
+      }
+    }
     // A static table Spark would broadcast is broadcast; the other inputs are placed in the
     // state's partitions by their exchanges (built by the operator when it chooses a new layout).
     val children = converted.zipWithIndex.map { case (input, j) =>
-      if (plan.layout.broadcast(j))
+      if (spec.layout.broadcast(j))
         BroadcastExchangeExec(IdentityBroadcastMode, input)
       else if (plan.marks(j).isEmpty) input
       else ProjectExec(input.output ++ plan.marks(j), input)
     }
-    val (graphShape, graphExpressions) = plan.graph.split
-    val umjoin = StreamingUMJoinExec(
-      output = plan.output,
-      inputLabels = converted.map(label),
-      graphShape = graphShape,
-      graphExpressions = graphExpressions,
-      unmatchable = plan.unmatchable,
-      paddingStarts = converted.indices.map(i => plan.padding.flatMap(_.starts.get(i))),
-      paddedNow = converted.indices.map(i => plan.padding.flatMap(_.now.get(i))),
-      paddedBefore = converted.indices.map(i => plan.padding.flatMap(_.before.get(i))),
-      plannedLayout = plan.layout,
-      probeOrder = probeOrder,
-      lateRows = plan.lateRows,
-      evictable = plan.evictable,
-      stateTtlMs = conf.stateTtlMs,
-      stateCacheRows = conf.stateCacheRows,
-      staticCache = conf.staticCache,
-      stateInfo = Some(info),
-      eventTimeWatermarkForEviction = plan.evictionWatermark,
-      sliceBounds = plan.sliceBounds,
-      outputWatermarkShiftMs = plan.outputWatermarkShiftMs,
-      inputWatermarkForEviction = inputWatermark,
+    // Labelled by the inputs as planned (a stand-in names its logical leaves).
+    val umjoin = plan.operator.copy(spec = spec.copy(inputLabels = converted.map(label)),
       children = children)
     logInfo(s"UMJoin: ${group.members.count(StreamJoin.unapply(_).isDefined)}" +
       s" stream-stream joins become ${umjoin.simpleString(10)}")

@@ -4,7 +4,7 @@ import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{And, Attribute, Expression, IsNull}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, IsNull}
 import org.apache.spark.sql.catalyst.plans.physical.{BroadcastDistribution, Distribution,
   HashPartitioning, IdentityBroadcastMode, Partitioning, PartitioningCollection,
   StatefulOpClusteredDistribution, UnknownPartitioning, UnspecifiedDistribution}
@@ -20,9 +20,8 @@ import org.apache.spark.sql.types.{IntegerType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
 
-import umjoin.spark.core.{GraphShape, JoinGraph, ZippedInputsRDD}
-import umjoin.spark.core.cost.{ProbeOrderPolicy, ProbeOrderSettings, StaticCacheSettings,
-  StoreStructure}
+import umjoin.spark.core.{JoinGraph, ZippedInputsRDD}
+import umjoin.spark.core.cost.{ProbeOrderPolicy, ProbeOrderSettings, StoreStructure}
 import umjoin.spark.core.probe.{InputMetrics, Route}
 
 /**
@@ -47,58 +46,39 @@ import umjoin.spark.core.probe.{InputMetrics, Route}
  * also writes the batch's new rows into the stores, evicts what can no longer join, and commits:
  * each store is written once per batch, as the batch's version.
  *
- * The join itself is its [[JoinGraph]] (`graphShape` and `graphExpressions`), as in
+ * The join itself is its [[JoinGraph]] (`spec.graphShape` and `graphExpressions`), as in
  * [[umjoin.spark.batch.UMJoinExec]]. Outer joins anywhere in the group (LEFT OUTER, RIGHT
  * OUTER with its sides swapped; a chain of them, each matching one stream by the preserved
  * inputs): their streams are probed last, by their ON clauses; a combination no row of one
  * matches is padded with NULLs for it in the micro-batch Spark's chain of joins puts it out
  * ([[OuterPadding]]: `paddedNow` and `paddedBefore` per outer input, over the columns of its
- * `paddingStarts` stream, whose stored rows are kept until its join padded them). And LEFT SEMI
- * joins anywhere, one above the other on one key: their streams are probed last, lowest first, and
- * a combination no stored row of one matches waits in a store of its own, partitioned as that
- * stream's store, until a later row matches it (it goes on to the next, or comes out, once) or
- * `unmatchable` (per semi join's input) says no later row can (it is dropped). With an adaptive
- * `probeOrder`, the tasks count every probe's outcome and the driver chooses the routes again
- * between micro-batches ([[StreamingRoutes]]).
+ * `spec.paddingStarts` stream, whose stored rows are kept until its join padded them). And LEFT
+ * SEMI joins anywhere, one above the other on one key: their streams are probed last, lowest
+ * first, and a combination no stored row of one matches waits in a store of its own, partitioned
+ * as that stream's store, until a later row matches it (it goes on to the next, or comes out,
+ * once) or `unmatchable` (per semi join's input) says no later row can (it is dropped). With an
+ * adaptive `spec.probeOrder`, the tasks count every probe's outcome and the driver chooses the
+ * routes again between micro-batches ([[StreamingRoutes]]).
  *
+ * @param spec       the group as its planner describes it, less the expressions that follow
+ * @param graphExpressions the join graph's expressions (see [[JoinGraph]])
  * @param lateRows    per input, its rows that arrived too late (dropped, as Spark's join drops
  *                    them)
  * @param evictable   per input, its stored rows no future row can join any more
- * @param stateTtlMs  optional bound on how long any stored row is kept (spark.umjoin.stateTtl):
- *                    rows stored longer ago are not probed any more, and removed
- * @param stateCacheRows a stream's stored rows are read into memory and probed there where a task's
- *                    partition holds at most this many (spark.umjoin.stateCacheRows)
- * @param staticCache what executors keep in memory of stored static tables
- *                    (spark.umjoin.staticCache)
- * @param sliceBounds per input spread by time slice, how far its event time can be from each other
- *                    stream's in a result (see [[SliceWindow]]): a combination is sent only to the
- *                    slices that range overlaps
- * @param outputWatermarkShiftMs the group's output watermark less its input watermark in Spark's
- *                    join tree (see [[umjoin.spark.streaming.JoinWatermarks]])
- * @param inputWatermarkForEviction the input watermark Spark's simulation gives this operator,
- *                    where the streaming planner knows it (the joins' own watermarks are below it)
+ * @param unmatchable per semi join's input, the waiting combinations no later row of it can match
+ * @param paddedNow   per outer input, when its join's state watermark rules out a later match in
+ *                    this micro-batch, and `paddedBefore` in the one before (see [[OuterPadding]])
  */
 case class StreamingUMJoinExec(
     output: Seq[Attribute],
-    inputLabels: Seq[String],
-    graphShape: GraphShape,
+    spec: GroupSpec,
     graphExpressions: Seq[Expression],
-    unmatchable: Seq[Option[Expression]],
-    paddingStarts: Seq[Option[Int]],
-    paddedNow: Seq[Option[Expression]],
-    paddedBefore: Seq[Option[Expression]],
-    plannedLayout: GroupLayout,
-    probeOrder: ProbeOrderSettings,
     lateRows: Seq[Option[Expression]],
     evictable: Seq[Option[Expression]],
-    stateTtlMs: Option[Long],
-    stateCacheRows: Long,
-    staticCache: StaticCacheSettings,
+    unmatchable: Seq[Option[Expression]],
+    paddedNow: Seq[Option[Expression]],
+    paddedBefore: Seq[Option[Expression]],
     stateInfo: Option[StatefulOperatorStateInfo],
-    eventTimeWatermarkForEviction: Option[Long],
-    sliceBounds: Seq[Seq[SliceWindow.Bound]],
-    outputWatermarkShiftMs: Long,
-    inputWatermarkForEviction: Option[Long],
     children: Seq[SparkPlan]) extends SparkPlan with StateStoreWriter {
 
   override def nodeName: String = "StreamingUMJoin"
@@ -109,7 +89,7 @@ case class StreamingUMJoinExec(
    * chose when it ran (set once, by [[doExecute]], before any task starts; read by `explain()` and
    * the checkpoint's record afterwards), as an adaptive plan holds the plan it settled on.
    */
-  @volatile private var chosenLayout: Option[StreamingLayout] = plannedLayout match {
+  @volatile private var chosenLayout: Option[StreamingLayout] = spec.layout match {
     case GroupLayout.Decided(layout) => Some(layout)
     case _: GroupLayout.FromFirstMicroBatch => None
   }
@@ -124,33 +104,10 @@ case class StreamingUMJoinExec(
    * known then: only the stores every layout keeps (the operator then writes Spark's metadata of it
    * again with all of them).
    */
-  override val stateStoreNames: Seq[String] = storeNames(chosenLayout)
-
-  /** Every store of a partition (with `layout` unknown, the ones every layout keeps). */
-  private def storeNames(layout: Option[StreamingLayout]): Seq[String] = {
-    val stored = StreamingLayout.storedOf(plannedLayout.kinds)
-    (plannedLayout.stores match {
-      case StoreLayout.Separate => stored.flatMap { j =>
-        InputState.storeName(j) +: layout.fold(Seq.empty[String])(chosen =>
-          chosen.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _)))
-      }
-      case StoreLayout.ColumnFamilies =>
-        if (stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
-    }) ++ semiInputs.map(InputState.unmatchedStoreName)
-  }
-
-  /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
-  private def semiInputs: Seq[Int] = graphShape.filters.keys.toSeq.sorted
+  override val stateStoreNames: Seq[String] = spec.storeNames(chosenLayout)
 
   private def joinGraph: JoinGraph =
-    graphShape.withExpressions(graphExpressions)
-
-  /**
-   * Input j's expression for the class it is partitioned on (None: broadcast): the key of its
-   * store.
-   */
-  private def partitionKey(j: Int): Option[Expression] =
-    layout.partitionClass(j).map(c => joinGraph.classes(c).keyOf(j).get)
+    spec.graphShape.withExpressions(graphExpressions)
 
   /**
    * Each input placed in the state's partitions by the key its store is partitioned on, or
@@ -158,8 +115,8 @@ case class StreamingUMJoinExec(
    * their keys ([[placedChildren]]).
    */
   override def requiredChildDistribution: Seq[Distribution] = children.indices.map { j =>
-    plannedLayout match {
-      case _ if plannedLayout.broadcast(j) => BroadcastDistribution(IdentityBroadcastMode)
+    spec.layout match {
+      case _ if spec.layout.broadcast(j) => BroadcastDistribution(IdentityBroadcastMode)
       case GroupLayout.Decided(layout) =>
         val key = StreamingUMJoinExec.placement(layout, joinGraph, j, getStateInfo.numPartitions)
         StatefulOpClusteredDistribution(key.toSeq, getStateInfo.numPartitions)
@@ -172,7 +129,7 @@ case class StreamingUMJoinExec(
    * hash-partitioned into the state's partitions by the layout chosen, as Spark's exchange would
    * have placed them had the layout been known when it planned.
    */
-  private def placedChildren(layout: StreamingLayout): Seq[SparkPlan] = plannedLayout match {
+  private def placedChildren(layout: StreamingLayout): Seq[SparkPlan] = spec.layout match {
     case _: GroupLayout.Decided => children
     case _: GroupLayout.FromFirstMicroBatch => children.indices.map { j =>
       val partitions = getStateInfo.numPartitions
@@ -190,7 +147,7 @@ case class StreamingUMJoinExec(
    * above keyed by that key needs no exchange. Otherwise unknown: a route ending on another class
    * puts its results out in that class's partitions.
    */
-  override def outputPartitioning: Partitioning = plannedLayout match {
+  override def outputPartitioning: Partitioning = spec.layout match {
     case GroupLayout.Decided(layout) => outputPartitioningOf(layout)
     case _: GroupLayout.FromFirstMicroBatch => UnknownPartitioning(getStateInfo.numPartitions)
   }
@@ -200,7 +157,7 @@ case class StreamingUMJoinExec(
     val partitions = getStateInfo.numPartitions
     val partitioned = children.indices.filter(layout.partitionClass(_).isDefined)
     val keys = partitioned
-      .filterNot(j => graphShape.outer.contains(j) || graphShape.filters.contains(j))
+      .filterNot(j => spec.graphShape.outer.contains(j) || spec.graphShape.filters.contains(j))
       .flatMap(StreamingUMJoinExec.placement(layout, graph, _, partitions))
       .filter(_.references.subsetOf(outputSet))
     if (partitioned.flatMap(layout.partitionClass).distinct.size != 1 ||
@@ -231,15 +188,15 @@ case class StreamingUMJoinExec(
   override def operatorStateMetadata(
       stateSchemaPaths: List[List[String]]): OperatorStateMetadata = {
     val info = getStateInfo
-    val specs = chosenLayout.fold(unmatchedStates(joinGraph, children.map(_.output).toIndexedSeq)
-      .map(_.spec))(_ => stateSpecs)
+    val specs = chosenLayout.fold(UnmatchedSpec.of(joinGraph, children.map(_.output).toIndexedSeq,
+      unmatchable).map(_.spec))(_ => stateSpecs)
     val prefixColumns = specs.flatMap(spec => spec.rowStore +: spec.indexStores)
       .map(store => store.name -> InputState.keyEncoding(store.keySchema).numColsPrefixKey).toMap
     // (A row store's key is prefixed by its partitioning key's one column, whatever its type.)
     val rowStorePrefix =
       InputState.keyEncoding(InputStateSpec.rowKeySchema(IntegerType)).numColsPrefixKey
-    val rowStores = StreamingLayout.storedOf(plannedLayout.kinds).map(InputState.storeName).toSet
-    val stores = storeNames(chosenLayout).map(name => StateStoreMetadataV1(name,
+    val rowStores = StreamingLayout.storedOf(spec.layout.kinds).map(InputState.storeName).toSet
+    val stores = spec.storeNames(chosenLayout).map(name => StateStoreMetadataV1(name,
       prefixColumns.getOrElse(name, if (rowStores(name)) rowStorePrefix else 0),
       info.numPartitions))
     OperatorStateMetadataV1(OperatorInfoV1(info.operatorId, shortName),
@@ -253,23 +210,23 @@ case class StreamingUMJoinExec(
    */
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] = {
     import OperatorMetrics._
-    val sliced = children.indices.exists(plannedLayout.maySlice)
+    val sliced = children.indices.exists(spec.layout.maySlice)
     Seq(RouteChanges, CombinationsShipped, StateRowsReadIntoMemory, MemoryIndexBytes)
       .map(_.declared) ++
       (if (sliced) Seq(ShipNanos.declared) else Nil) ++
       children.indices.flatMap { i =>
         val perInput = Seq(StateRows, StateIndexEntries, StateBytes, RowsIn, Probes, Matches,
           EarlyStops, ConditionChecks, CostlyChecks) ++
-          (if (plannedLayout.maySlice(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations,
+          (if (spec.layout.maySlice(i)) Seq(SlicePartitions, EarlierSliceRows, SliceCombinations,
             SliceProbeNanos)
           else Nil) ++
-          (if (graphShape.outer.contains(i)) Seq(NullPadded) else Nil) ++
-          (if (semiInputs.contains(i)) Seq(SemiDropped, UnmatchedRows) else Nil) ++
-          (if (plannedLayout.kinds(i) == InputKind.StaticStored) {
+          (if (spec.graphShape.outer.contains(i)) Seq(NullPadded) else Nil) ++
+          (if (spec.semiInputs.contains(i)) Seq(SemiDropped, UnmatchedRows) else Nil) ++
+          (if (spec.layout.kinds(i) == InputKind.StaticStored) {
             Seq(StaticLoads, StaticCacheHits, StaticCacheMisses, StaticCachedKeys,
               StaticCachedBytes, StaticDiskBytes)
           } else Nil)
-        perInput.map(_.declared(i, inputLabels(i)))
+        perInput.map(_.declared(i, spec.inputLabels(i)))
       }
   }
 
@@ -279,20 +236,20 @@ case class StreamingUMJoinExec(
   private def inputMetrics(i: Int): InputMetrics = {
     import OperatorMetrics._
     InputMetrics(metric(RowsIn, i), metric(Probes, i), metric(Matches, i), metric(EarlyStops, i),
-      metric(StateBytes, i), Option.when(graphShape.outer.contains(i))(metric(NullPadded, i)),
+      metric(StateBytes, i), Option.when(spec.graphShape.outer.contains(i))(metric(NullPadded, i)),
       Some(metric(ConditionChecks, i)), Some(metric(CostlyChecks, i)))
   }
 
   override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] =
-    Some(inputWatermarkMs + outputWatermarkShiftMs)
+    Some(inputWatermarkMs + spec.outputWatermarkShiftMs)
 
   /**
    * A batch with no new rows still runs when the watermark moved past what the state holds, or what
    * waits to be padded.
    */
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
-    (evictable.exists(_.isDefined) || paddingStarts.exists(_.isDefined)) &&
-      inputWatermarkForEviction.orElse(eventTimeWatermarkForEviction)
+    (evictable.exists(_.isDefined) || spec.paddingStarts.nonEmpty) &&
+      spec.inputWatermark.orElse(spec.evictionWatermark)
         .exists(newInputWatermark > _)
 
   /**
@@ -308,35 +265,6 @@ case class StreamingUMJoinExec(
     setStoreInstanceMetrics(m.instanceMetrics)
   }
 
-  /** Per stored input, where a partition keeps its rows. */
-  private def inputStates(graph: JoinGraph,
-      outputs: IndexedSeq[Seq[Attribute]]): Map[Int, InputStateSpec] =
-    layout.stored.map { j =>
-      j -> InputStateSpec(j, outputs(j), layout.partitionClass(j).get, partitionKey(j).get,
-        layout.indexes(j).map(ix => ix -> ix.classes.map(c => graph.classes(c).keyOf(j).get)),
-        InputState.storeName(j))
-    }.toMap
-
-  /**
-   * Where a partition keeps the combinations waiting for each semi join's first match, lowest join
-   * first.
-   */
-  private def unmatchedStates(graph: JoinGraph,
-      outputs: IndexedSeq[Seq[Attribute]]): Seq[UnmatchedSpec] =
-    semiInputs.map { o =>
-      val key = graph.classes.indexWhere(_.inputs.contains(o))
-      val preserved = graph.joined.filter(_ != o)
-      // A waiting combination may be padded for an outer input: its columns are read as nullable.
-      val columns = preserved.flatMap(i =>
-        if (graph.outer.contains(i)) outputs(i).map(_.withNullability(true)) else outputs(i))
-      UnmatchedSpec(o,
-        InputStateSpec(o, columns, key, graph.classes(key).members
-          .collectFirst { case (i, e) if graph.joined.contains(i) => e }.get, Nil,
-          InputState.unmatchedStoreName(o)),
-        graph.residuals.filter(_.inputs.contains(o)).map(_.condition).reduceOption(And),
-        unmatchable(o))
-    }
-
   /**
    * Every state a partition of this operator keeps (each one's stores are `rowStore` and
    * `indexStores`).
@@ -344,8 +272,8 @@ case class StreamingUMJoinExec(
   def stateSpecs: Seq[InputStateSpec] = {
     val graph = joinGraph
     val outputs = children.map(_.output).toIndexedSeq
-    inputStates(graph, outputs).toSeq.sortBy(_._1).map(_._2) ++
-      unmatchedStates(graph, outputs).map(_.spec)
+    InputStateSpec.of(layout, graph, outputs).toSeq.sortBy(_._1).map(_._2) ++
+      UnmatchedSpec.of(graph, outputs, unmatchable).map(_.spec)
   }
 
   override protected def doExecute(): RDD[InternalRow] = {
@@ -356,13 +284,13 @@ case class StreamingUMJoinExec(
     val hadoopConf = session.sessionState.newHadoopConf()
     val checkpoint = new OperatorCheckpoint(info, hadoopConf)
     val run = StreamingRun.of(session, info.queryRunId)
-    val layout = plannedLayout match {
+    val layout = spec.layout match {
       case GroupLayout.Decided(decided) => decided
       case basis: GroupLayout.FromFirstMicroBatch => chosenLayout.getOrElse {
         val chosen = chooseLayout(basis)
         chosenLayout = Some(chosen)
         // Spark's metadata of the operator lists the stores the layout adds (its indexes').
-        if (storeNames(chosenLayout) != stateStoreNames) {
+        if (spec.storeNames(chosenLayout) != stateStoreNames) {
           checkpoint.rewriteOperatorMetadata(operatorStateMetadata(Nil))
         }
         chosen
@@ -372,7 +300,7 @@ case class StreamingUMJoinExec(
     // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
     if (Option(run.layoutRecords.get(info.operatorId)).forall(_.isEmpty)) {
       run.layoutRecords.put(info.operatorId,
-        Some(checkpoint.recordLayout(layout, graph, outputs, inputLabels)))
+        Some(checkpoint.recordLayout(layout, graph, outputs, spec.inputLabels)))
     }
     if (layout.timeSlices.exists(_.isDefined)) {
       run.slicings.put(info.operatorId, checkpoint.recordSlicing(info.storeVersion, layout,
@@ -389,9 +317,9 @@ case class StreamingUMJoinExec(
       (from, to) -> (if (carried) 1.0 else partitions.toDouble)
     }.toMap
     val order = probeOrderFor(layout)
-    if (order != probeOrder) {
+    if (order != spec.probeOrder) {
       val message = s"the StreamingUMJoin of operator ${info.operatorId}" +
-        s" keeps its recorded routes instead of choosing them by ${probeOrder.policy.name}" +
+        s" keeps its recorded routes instead of choosing them by ${spec.probeOrder.policy.name}" +
         (": its checkpoint's state was laid out for the fixed probe order; use a new checkpoint " +
           "location to probe adaptively")
       if (run.firstNote(message, unconverted = false)) logInfo(s"UMJoin: $message")
@@ -401,7 +329,7 @@ case class StreamingUMJoinExec(
       layout.routes, order, cost, partitions)
     // A semi join's stream starts no route: its rows only let combinations through, at their first
     // match.
-    val routes = allRoutes.filter { case (start, _) => !graphShape.filters.contains(start) }
+    val routes = allRoutes.filter { case (start, _) => !spec.graphShape.filters.contains(start) }
     metric(OperatorMetrics.RouteChanges) += changed
     val statistics = Option.when(order.adaptive) {
       val accumulator = new ProbeCountersAccumulator(children.size)
@@ -418,36 +346,25 @@ case class StreamingUMJoinExec(
         j -> decision
       }.toMap
     val job = MicroBatchJob(
+      spec = spec,
+      layout = layout,
       graph = graph,
-      kinds = layout.kinds,
       outputs = outputs,
       result = output,
-      routes = routes.map { case (start, route) => start -> layout.plan(graph, route) },
-      states = inputStates(graph, outputs),
-      keysRejectingNull = children.indices.map(graph.keysRejectingNull),
       lateRows = lateRows.toIndexedSeq,
       evictable = evictable.toIndexedSeq,
-      stateTtlMs = stateTtlMs,
-      nowMs = System.currentTimeMillis(),
-      stateCacheRows = stateCacheRows,
-      staticLoads = staticLoads,
-      staticCache = staticCache,
-      staticRowBytes = staticLoads.keys.map(j =>
-        j -> (rowBytes(outputs(j)), probingRowBytes(j, routes.values.toSeq, outputs))).toMap,
-      unmatched = unmatchedStates(graph, outputs),
-      padding = Option.when(paddingStarts.exists(_.isDefined)) {
-        val outer = graphShape.outer.keys.toSeq
+      unmatched = UnmatchedSpec.of(graph, outputs, unmatchable),
+      padding = Option.when(spec.paddingStarts.nonEmpty) {
+        val outer = spec.paddingStarts.keys.toSeq
         // A padded row's ON key is NULL; a matched one's never is (a NULL key joins nothing).
-        OuterPadding(outer.map(o => o -> paddingStarts(o).get).toMap,
-          outer.map(o => o -> paddedNow(o).get).toMap,
+        OuterPadding(spec.paddingStarts, outer.map(o => o -> paddedNow(o).get).toMap,
           outer.map(o => o -> paddedBefore(o).get).toMap,
           outer.map(o =>
             o -> (IsNull(graph.classes(graph.outer(o).head).keyOf(o).get): Expression)).toMap)
       },
-      slices = children.indices.filter(layout.isTimeSliced)
-        .map(j => j -> SliceWindow(layout.timeSlices(j).get, partitions, sliceBounds(j))).toMap,
-      partitions = partitions,
-      stores = layout.stores,
+      routes = routes.map { case (start, route) => start -> layout.plan(graph, route) },
+      staticLoads = staticLoads,
+      nowMs = System.currentTimeMillis(),
       info = info)
     // Rows an earlier time slicing placed are counted in every batch until none is left; the next
     // batch's planning reads the count.
@@ -503,7 +420,7 @@ case class StreamingUMJoinExec(
         i -> StaticMetrics(metric(StaticCacheHits, i), metric(StaticCacheMisses, i),
           metric(StaticCachedKeys, i), metric(StaticCachedBytes, i), metric(StaticDiskBytes, i))
       }.toMap,
-      unmatched = semiInputs.map { o =>
+      unmatched = spec.semiInputs.map { o =>
         o -> UnmatchedMetrics(metric(OperatorMetrics.SemiDropped, o),
           metric(OperatorMetrics.UnmatchedRows, o))
       }.toMap)
@@ -533,7 +450,7 @@ case class StreamingUMJoinExec(
         })
 
     // Every stage's task k reads the stores of partition k: it runs where they were last loaded.
-    val storesLoaded = Some(StateStoreLocations.of(session, info, storeNames(Some(layout))))
+    val storesLoaded = Some(StateStoreLocations.of(session, info, spec.storeNames(Some(layout))))
     val shuffled =
       (0 until job.stageCount - 1).foldLeft(Option.empty[RDD[InternalRow]]) { (previous, stage) =>
         val mapSide = new ZippedInputsRDD[InternalRow, (Int, InternalRow)](inputRdds ++ previous,
@@ -570,29 +487,13 @@ case class StreamingUMJoinExec(
    * change the inputs bound before a store); its recorded routes then stay.
    */
   private def probeOrderFor(layout: StreamingLayout): ProbeOrderSettings =
-    if (!probeOrder.adaptive || layout.routable(layout.probeGraph(joinGraph))) probeOrder
-    else probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
-
-  /** A row's bytes as Spark estimates them from its schema. */
-  private def rowBytes(attributes: Seq[Attribute]): Double =
-    attributes.map(_.dataType.defaultSize).sum.max(1).toDouble
-
-  /**
-   * v_S of paper 003 for static input j: the bytes of the rows that probe it, averaged over the
-   * routes' steps into it.
-   */
-  private def probingRowBytes(j: Int, routes: Seq[Route], outputs: Seq[Seq[Attribute]]): Double = {
-    val sizes = routes.flatMap(route => route.order.indexOf(j) match {
-      case p if p > 0 => Some(rowBytes(route.order.take(p).flatMap(outputs)))
-      case _ => None
-    })
-    if (sizes.isEmpty) 1.0 else sizes.sum / sizes.size
-  }
+    if (!spec.probeOrder.adaptive || layout.routable(layout.probeGraph(joinGraph))) spec.probeOrder
+    else spec.probeOrder.copy(policy = ProbeOrderPolicy.Fixed)
 
   /** Before a new checkpoint's first micro-batch ran: its inputs and what it will choose from. */
   override def simpleString(maxFields: Int): String = chosenLayout.fold {
     val inputs =
-      children.indices.map(i => s"#$i ${inputLabels(i)} (${plannedLayout.kinds(i).name})")
+      children.indices.map(i => s"#$i ${spec.inputLabels(i)} (${spec.layout.kinds(i).name})")
     s"$nodeName inputs=[${inputs.take(maxFields).mkString(", ")}], layout=chosen from the " +
       s"first micro-batch when it runs, operator=${stateInfo.map(_.operatorId).getOrElse("?")}"
   }(describedWith(_, maxFields))
@@ -608,13 +509,13 @@ case class StreamingUMJoinExec(
             if (keys.size == 1) keys.head.toString else keys.mkString("(", ", ", ")")
           }
           val static = kind match {
-            case InputKind.Stream if graphShape.outer.contains(i) =>
+            case InputKind.Stream if spec.graphShape.outer.contains(i) =>
               s"left outer: padded with NULLs once the watermark rules out a match (by #" +
-                s"${paddingStarts(i).get}'s event time), "
-            case InputKind.Stream if graphShape.filters.contains(i) =>
+                s"${spec.paddingStarts(i)}'s event time), "
+            case InputKind.Stream if spec.graphShape.filters.contains(i) =>
               "left semi: unmatched combinations wait for it, "
             case InputKind.Stream => ""
-            case InputKind.StaticStored => s"static, stored, cache ${staticCache.mode.name}, "
+            case InputKind.StaticStored => s"static, stored, cache ${spec.staticCache.mode.name}, "
             case _ => "static, read every batch, "
           }
           val slices = layout.timeSlices(i).fold("") { t =>
@@ -628,10 +529,10 @@ case class StreamingUMJoinExec(
             layout, graph, i, getStateInfo.numPartitions).get}$slices" +
             (if (indexed.isEmpty) "" else s", indexed by ${indexed.mkString(", ")}")
       }
-      s"#$i ${inputLabels(i)} ($placement)"
+      s"#$i ${spec.inputLabels(i)} ($placement)"
     }.mkString(", ")
     val routes = layout.routes.toSeq.sortBy(_._1)
-      .filter { case (start, _) => !graphShape.filters.contains(start) }
+      .filter { case (start, _) => !spec.graphShape.filters.contains(start) }
       .map { case (start, route) =>
         s"#$start: " + StreamingUMJoinExec.routeText(layout.plan(graph, route), layout.isTimeSliced)
       }.take(maxFields).mkString("; ")
