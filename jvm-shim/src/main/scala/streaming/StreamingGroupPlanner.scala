@@ -185,9 +185,9 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
   /**
    * The plan of a group, or why it cannot run as one StreamingUMJoin (with the session's UMJoin
    * settings `conf`; `inputWatermark`, the one Spark's simulation gives the group's operator,
-   * where known); its operator's state from `operatorOf`; the files of an
-   * earlier version checked on the run's first micro-batch (`firstOfRun`). `mismatched` hears,
-   * per operator, why a checkpoint's recorded layout does not fit the group tried.
+   * where known); its operator's state from `operatorOf`; the files of an earlier version checked
+   * on the run's first micro-batch (`firstOfRun`). `mismatched` hears, per operator, why a
+   * checkpoint's recorded layout does not fit the group tried.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], conf: UMJoinConf,
       inputWatermark: Option[Long],
