@@ -38,11 +38,16 @@ def session_builder() -> SparkSession.Builder:
 
     Spark's cache of generated classes holds 2000 instead of 100: one streaming test, UMJoin's run and
     Spark's chained joins' beside it, generates several hundred, and with 100 each micro-batch compiled
-    again what the one before had (a random chain's test took 1.4x as long)."""
+    again what the one before had (a random chain's test took 1.4x as long).
+
+    UMJoin converts groups whose joins Spark would all broadcast (`spark.umjoin.convertBroadcastJoins`, off by
+    default: such a group stays Spark's). At SF 0.01 every TPC-H table is that small, and the suite is about UMJoin's
+    answers and plans with broadcast inputs too; the tests of the default set it back (test_why_not, test_aqe,
+    test_tpch's `defaults` setting)."""
     from bench import with_testkit  # (imported here: scripts that import this module run without the clone on their path)
 
     return (with_testkit(local_builder("umjoin-tests", driver_memory="3g")).config("spark.cleaner.periodicGC.interval", "1min")
-            .config("spark.sql.codegen.cache.maxEntries", "2000"))
+            .config("spark.sql.codegen.cache.maxEntries", "2000").config("spark.umjoin.convertBroadcastJoins", "true"))
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,6 @@ def test_readme_block_runs_as_written(code: str, tmp_path: Path) -> None:
 
 def lineitems_per_region() -> str:
     """The printed answer of the README's customers-orders-lineitems query, counted from the tables' definitions:
-    lineitem l has order l % 10000, whose customer is (l % 10000) % 1000, in region ((l % 10000) % 1000) % 7."""
-    lines = Counter((lid % 10000) % 1000 % 7 for lid in range(50000))
+    lineitem l has order l % 1000000, whose customer is (l % 1000000) % 1000, in region ((l % 1000000) % 1000) % 7."""
+    lines = Counter((lid % 1000000) % 1000 % 7 for lid in range(4000000))
     return "[" + ", ".join(f"Row(region={r}, lines={n})" for r, n in sorted(lines.items())) + "]"

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from umjoin import plans
+from umjoin import plans, tpch
 from umjoin.local import temporary_conf
 
 TABLES = {"x": "id AS a, id % 5 AS k", "y": "id AS b, id % 5 AS k, id % 3 AS j", "z": "id AS c, id % 3 AS j, id % 5 AS k"}
@@ -75,3 +75,36 @@ def test_the_reason_is_logged_once_per_query_at_info(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     said = [line for line in run.stderr.splitlines() if "UMJoin: the FULL OUTER join of" in line]
     assert len(said) == 1 and " INFO " in said[0] and "stays as Spark plans it: UMJoin does not compute its join type" in said[0], said
+
+
+def join_names(plan: plans.PlanNode) -> list[str]:
+    return sorted(node.name for node in plan.walk() if node.name.endswith("JoinExec"))
+
+
+def test_a_group_spark_broadcasts_in_every_join_stays_sparks_by_default(spark: SparkSession, tpch_data: Path) -> None:
+    """UMJoin's default (`spark.umjoin.convertBroadcastJoins=false`) at SF 0.01, where Spark broadcasts most of
+    TPC-H's joins: a query whose joins Spark (UMJoin off) plans as broadcast joins, every one, keeps that plan, and
+    Q5's root join says why. Without broadcasts the default converts exactly the groups `convertBroadcastJoins=true`
+    (the suite's session) does."""
+    reason = "Spark plans every join of its group as a broadcast join"
+    all_broadcast = []
+    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": "false", "spark.sql.adaptive.enabled": "false",
+                                "spark.sql.autoBroadcastJoinThreshold": "10MB"}):  # Spark's default
+        for number in tpch.QUERY_NUMBERS:
+            with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+                off = join_names(plans.physical_plan(spark.sql(tpch.query_text(number))))
+            if len(off) >= 2 and all(name.startswith("Broadcast") for name in off):
+                all_broadcast.append(number)
+                on = plans.physical_plan(spark.sql(tpch.query_text(number)))
+                assert plans.umjoin_nodes(on) == [] and join_names(on) == off, (number, join_names(on))
+        said = plans.why_not(spark.sql(tpch.query_text(5)))
+        assert any(s.startswith("the INNER join of ") and reason in s for s in said), said
+        with temporary_conf(spark, {"spark.sql.autoBroadcastJoinThreshold": "-1"}):
+            found = {f"q{n:02d}": [node.labels for node in plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
+                     for n in tpch.QUERY_NUMBERS}
+    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": "true", "spark.sql.adaptive.enabled": "false",
+                                "spark.sql.autoBroadcastJoinThreshold": "-1"}):
+        converting = {f"q{n:02d}": [node.labels for node in plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
+                      for n in tpch.QUERY_NUMBERS}
+    assert found == converting and sum(map(len, found.values())) >= 5, (found, converting)
+    assert 5 in all_broadcast and len(all_broadcast) >= 8, all_broadcast

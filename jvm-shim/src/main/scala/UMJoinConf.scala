@@ -19,6 +19,7 @@ import umjoin.spark.streaming.StaticTablesMode
 final case class UMJoinConf(
     enabled: Boolean,
     minInputs: Option[Int],
+    convertBroadcastJoins: Boolean,
     stores: StoreSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
@@ -114,6 +115,12 @@ object UMJoinConf {
       "a stream-stream join without an equi-join key, which a StreamingUMJoin spreads over the " +
       "state partitions by time slice where Spark's join keeps all its state in one (see [Joins " +
       "without an equi-join key](docs/streaming.md#joins-without-an-equi-join-key))")
+  val ConvertBroadcastJoins: Setting[Boolean] =
+    Setting.boolean("spark.umjoin.convertBroadcastJoins", default = false,
+      "batch: also convert a group whose joins Spark plans as broadcast joins, every one. Those " +
+        "shuffle no intermediate result and run in Spark's generated code, so a UMJoin saves " +
+        "nothing there and measured slower (see [Batch](docs/benchmarks.md)); by default such " +
+        "a group stays Spark's, with the reason in `umjoin.plans.why_not`")
   val RulesDir: Setting[String] =
     Setting("spark.umjoin.rulesDir", None, "a directory", static = true,
       doc = "a directory holding `batch.yaml` and `streaming.yaml` " +
@@ -230,8 +237,8 @@ object UMJoinConf {
       "so that each holds about as many rows")
 
   /** Every setting, in the order the README's table lists them. */
-  val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, RulesDir, StateBackendSetting, MaxStoreMemory,
-    WriteBufferSize, BlockCacheSize, BloomFilterBitsPerKey, LocalDir, ProbeOrderSetting, CycleRows,
+  val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, ConvertBroadcastJoins, RulesDir,
+    StateBackendSetting, MaxStoreMemory, WriteBufferSize, BlockCacheSize, BloomFilterBitsPerKey, LocalDir, ProbeOrderSetting, CycleRows,
     Period, History, SmoothingSetting, Alpha, Beta, Damping, QueryCost, MatchCost, StateCacheRows,
     StaticTables, StaticCache, StaticCacheMaxBytes, StaticCacheHysteresis, StateTtl, TimeSlices)
 
@@ -240,6 +247,7 @@ object UMJoinConf {
     UMJoinConf(
       enabled = Enabled(get),
       minInputs = MinInputs(get),
+      convertBroadcastJoins = ConvertBroadcastJoins(get),
       stores = StoreSettings(
         StateBackendSetting(get),
         RocksDBSettings(WriteBufferSize(get),

@@ -11,7 +11,8 @@ import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.adaptive.{BroadcastQueryStageExec, LogicalQueryStage}
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanHelper
-import org.apache.spark.sql.execution.joins.BaseJoinExec
+import org.apache.spark.sql.execution.joins.{BaseJoinExec, BroadcastHashJoinExec,
+  BroadcastNestedLoopJoinExec}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{Cut, FilterJoin, GroupSplitting, JoinGraph, OuterJoin}
@@ -35,6 +36,10 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
     plan match {
       // Streaming joins keep state: Spark's StreamingJoinStrategy (or the streaming hook) plans
       // them.
+      case join: Join if conf.enabled && !join.isStreaming && !conf.convertBroadcastJoins &&
+          groupBroadcastBySpark(join, conf) =>
+        explainRefusal(join, Some(BatchUMJoinStrategy.BroadcastBySpark))
+        Nil
       case join: Join if conf.enabled && !join.isStreaming =>
         new GroupSplitting[LogicalPlan, UMJoinPlan](tsc,
           patterns.roleOf, _ => conf.minInputsOf(timeSliced = false), tryPlan, probesBeforeShuffle)
@@ -48,6 +53,25 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
       case _ => Nil
     }
   }
+
+  /**
+   * Whether `join` roots a group large enough to convert in which Spark's own join selection
+   * (sizes against the broadcast thresholds, AQE's runtime sizes, hints) picks a broadcast join
+   * for every join. Such a group stays Spark's: no intermediate result is shuffled and the probes
+   * run in Spark's generated code, so a UMJoin saves nothing. Its joins below, planned next, are
+   * groups of the same kind.
+   */
+  private def groupBroadcastBySpark(join: Join, conf: UMJoinConf): Boolean =
+    tsc.createMultiJoinGroups(join, Nil).find(_.root eq join).exists { group =>
+      val planner = session.sessionState.planner
+      group.inputs.size >= conf.minInputsOf(timeSliced = false) &&
+        group.members.collect { case member: Join => member }.forall { member =>
+          planner.JoinSelection(member).headOption.exists {
+            case _: BroadcastHashJoinExec | _: BroadcastNestedLoopJoinExec => true
+            case _ => false
+          }
+        }
+    }
 
   /**
    * Says once per query why a join stays as Spark plans it: at INFO, and as a tag on the logical
@@ -188,6 +212,10 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
 object BatchUMJoinStrategy {
   /** Why a logical join stays as Spark plans it, once the strategy has planned it. */
   val WhyNotTag: TreeNodeTag[String] = TreeNodeTag[String]("umjoin.whyNot")
+
+  val BroadcastBySpark: String = "Spark plans every join of its group as a broadcast join, " +
+    "shuffling no intermediate result: a UMJoin would save nothing " +
+    "(spark.umjoin.convertBroadcastJoins=true converts it anyway)"
 
   /** A join as people name it: its type, the tables on each side, and its condition. */
   def describe(join: Join): String =
