@@ -238,9 +238,10 @@ object UMJoinConf {
 
   /** Every setting, in the order the README's table lists them. */
   val all: Seq[Setting[_]] = Seq(Enabled, MinInputs, ConvertBroadcastJoins, RulesDir,
-    StateBackendSetting, MaxStoreMemory, WriteBufferSize, BlockCacheSize, BloomFilterBitsPerKey, LocalDir, ProbeOrderSetting, CycleRows,
-    Period, History, SmoothingSetting, Alpha, Beta, Damping, QueryCost, MatchCost, StateCacheRows,
-    StaticTables, StaticCache, StaticCacheMaxBytes, StaticCacheHysteresis, StateTtl, TimeSlices)
+    StateBackendSetting, MaxStoreMemory, WriteBufferSize, BlockCacheSize, BloomFilterBitsPerKey,
+    LocalDir, ProbeOrderSetting, CycleRows, Period, History, SmoothingSetting, Alpha, Beta,
+    Damping, QueryCost, MatchCost, StateCacheRows, StaticTables, StaticCache, StaticCacheMaxBytes,
+    StaticCacheHysteresis, StateTtl, TimeSlices)
 
   def from(conf: SQLConf): UMJoinConf = {
     val get: String => Option[String] = key => Option(conf.getConfString(key, null))
