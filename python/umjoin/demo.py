@@ -31,7 +31,10 @@ def run_demo(spark: SparkSession, number: int, sf: float) -> bool:
         results[enabled] = (df.columns, rows, plans.render(plan), plans.umjoin_nodes(plan))
     spark.conf.unset("spark.umjoin.enabled")
 
-    print(f"TPC-H Q{number} at scale factor {sf:g}\n\n{sql}\n")
+    converting = str(spark.conf.get("spark.umjoin.convertBroadcastJoins", "false")).strip().lower() == "true"
+    setting = (", with spark.umjoin.convertBroadcastJoins=true (by default a group whose joins Spark plans as broadcast "
+               "joins, every one, stays Spark's)") if converting else ""
+    print(f"TPC-H Q{number} at scale factor {sf:g}{setting}\n\n{sql}\n")
     for enabled, title in (("false", "UMJoin off: Spark's own plan"), ("true", "UMJoin on")):
         print(f"== {title} ==\n{results[enabled][2]}")
     nodes = results["true"][3]

@@ -56,12 +56,21 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
 
   /**
    * Whether `join` roots a group large enough to convert in which Spark's own join selection
-   * (sizes against the broadcast thresholds, AQE's runtime sizes, hints) picks a broadcast join
-   * for every join. Such a group stays Spark's: no intermediate result is shuffled and the probes
-   * run in Spark's generated code, so a UMJoin saves nothing. Its joins below, planned next, are
-   * groups of the same kind.
+   * (sizes against the broadcast threshold, hints) picks a broadcast join for every join. Such a
+   * group stays Spark's: no intermediate result is shuffled and the probes run in Spark's
+   * generated code, so a UMJoin saves nothing. Its joins below, planned next, are groups of the
+   * same kind. Decided when the query is first planned, and kept by AQE's re-plans (their copies
+   * of the join carry the tag): their stages ran for that plan, and Spark's joins could not take
+   * an input a UMJoin already broadcast as their streamed side (AQE would drop the re-plan).
    */
   private def groupBroadcastBySpark(join: Join, conf: UMJoinConf): Boolean =
+    join.getTagValue(BatchUMJoinStrategy.BroadcastBySparkTag).getOrElse {
+      val decided = sparkBroadcastsEveryJoin(join, conf)
+      join.setTagValue(BatchUMJoinStrategy.BroadcastBySparkTag, decided)
+      decided
+    }
+
+  private def sparkBroadcastsEveryJoin(join: Join, conf: UMJoinConf): Boolean =
     tsc.createMultiJoinGroups(join, Nil).find(_.root eq join).exists { group =>
       val planner = session.sessionState.planner
       group.inputs.size >= conf.minInputsOf(timeSliced = false) &&
@@ -212,6 +221,9 @@ final class BatchUMJoinStrategy(session: SparkSession, patterns: MemberPatterns[
 object BatchUMJoinStrategy {
   /** Why a logical join stays as Spark plans it, once the strategy has planned it. */
   val WhyNotTag: TreeNodeTag[String] = TreeNodeTag[String]("umjoin.whyNot")
+
+  /** Whether a group stays Spark's as broadcast in every join: decided once per query. */
+  val BroadcastBySparkTag: TreeNodeTag[Boolean] = TreeNodeTag[Boolean]("umjoin.broadcastBySpark")
 
   val BroadcastBySpark: String = "Spark plans every join of its group as a broadcast join, " +
     "shuffling no intermediate result: a UMJoin would save nothing " +
