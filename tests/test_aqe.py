@@ -63,33 +63,19 @@ def test_a_join_outside_the_group_changes_strategy_at_run_time_as_without_umjoin
     assert on[2] == ["BroadcastHashJoinExec", "UMJoinExec"], on[2]
 
 
-def test_an_input_aqe_finds_small_at_run_time_is_broadcast(spark: SparkSession, runtime_views: None) -> None:
+@pytest.mark.parametrize("convert_broadcast_joins", ["true", "false"])
+def test_an_input_aqe_finds_small_at_run_time_is_broadcast(spark: SparkSession, runtime_views: None,
+                                                           convert_broadcast_joins: str) -> None:
     """By the plan's estimates `a` and the filtered `w` are too big to broadcast, so the group first
     co-partitions them; once AQE has seen their shuffled sizes, the re-planned UMJoin broadcasts what is
-    small enough, as AQE would for a join of Spark's, with Spark's answer."""
+    small enough, as AQE would for a join of Spark's, with Spark's answer. So under UMJoin's default too
+    (`spark.umjoin.convertBroadcastJoins=false`), where Spark would now broadcast in both joins: the decision
+    taken when the query was first planned stands (Spark's joins could not take the input the UMJoin already
+    broadcast as their streamed side; AQE would drop such a re-plan and keep the first plan's placements)."""
     sql = "SELECT b_g, count(*) AS n FROM a JOIN b ON a.a_b = b.b_id JOIN w ON a.a_id = w.w_id WHERE w_sel = 0 GROUP BY b_g"
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = sorted(tuple(r) for r in spark.sql(sql).collect())
-    df = spark.sql(sql)
-    (initial,) = plans.umjoin_nodes(plans.physical_plan(df))
-    rows = sorted(tuple(r) for r in df.collect())
-    (final,) = plans.umjoin_nodes(plans.physical_plan(df))
-    assert rows == expected and len(expected) == 7
-    assert sorted(i.placement for i in initial.inputs) == ["broadcast", "partitioned", "streamed"], initial
-    assert sorted(i.placement for i in final.inputs) == ["broadcast", "broadcast", "streamed"], final
-
-
-def test_a_group_converted_when_first_planned_stays_converted_in_aqes_re_plans(spark: SparkSession,
-                                                                              runtime_views: None) -> None:
-    """The same query under UMJoin's default (`spark.umjoin.convertBroadcastJoins=false`): by the plan's estimates
-    Spark would sort-merge join `a` and `w`, so the group converts. Once AQE has seen that every input but one is
-    small, Spark would broadcast in both joins, but the decision taken when the query was first planned stands: the
-    re-planned UMJoin broadcasts what is small (Spark's joins could not take the input it already broadcast as their
-    streamed side; AQE would drop such a re-plan and keep the first plan's sort-merge placements). Spark's answer."""
-    sql = "SELECT b_g, count(*) AS n FROM a JOIN b ON a.a_b = b.b_id JOIN w ON a.a_id = w.w_id WHERE w_sel = 0 GROUP BY b_g"
-    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        expected = sorted(tuple(r) for r in spark.sql(sql).collect())
-    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": "false"}):
+    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": convert_broadcast_joins}):
         df = spark.sql(sql)
         (initial,) = plans.umjoin_nodes(plans.physical_plan(df))
         rows = sorted(tuple(r) for r in df.collect())

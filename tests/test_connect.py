@@ -93,6 +93,7 @@ def test_a_connect_client_gets_the_plans_reasons_and_answers_of_a_classic_sessio
         from umjoin import answers, plans, tpch
         tpch.register(spark, tpch.generate({TPCH_SF}))
         spark.conf.set("spark.sql.adaptive.enabled", "false")
+        spark.conf.set("spark.umjoin.convertBroadcastJoins", "true")  # as the suite's session (conftest)
         found = {{"groups": {{}}, "wrong": [], "why_not": {{}}}}
         for number in {TPCH_QUERIES}:
             df = spark.sql(tpch.query_text(number))
