@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from umjoin import cli, tpch
 from umjoin.datadir import DATA_DIR_ENV, data_root, generating
+from umjoin.local import temporary_conf
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -75,6 +76,20 @@ def test_json_format(spark: SparkSession, tpch_data: Path, capsys: pytest.Captur
 
     assert marks(document["off"]["physical"]) == ["replaced"] * 5
     assert marks(document["on"]["physical"]) == ["umjoin"]
+
+
+def test_a_query_left_to_spark_says_why_in_both_formats(spark: SparkSession, tpch_data: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Under UMJoin's default (`spark.umjoin.convertBroadcastJoins=false`) Q5's joins at SF 0.01 are Spark's broadcast
+    joins, every one: the diff shows no UMJoin and says why, as `umjoin.plans.why_not` does."""
+    reason = "Spark plans every join of its group as a broadcast join"
+    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": "false"}):
+        code, out, _ = run(capsys, "plan-diff", "--tpch", "5", "--format", "json")
+        assert code == 0
+        document = json.loads(out)
+        assert document["join_counts"]["umjoins_on"] == 0 and any(reason in r for r in document["why_not"]), document["why_not"]
+        code, out, _ = run(capsys, "plan-diff", "--tpch", "5", "--no-execute")
+        assert code == 0 and any(l.startswith("Stays Spark's: the INNER join of ") and reason in l for l in out.splitlines()), out[-2000:]
 
 
 def test_html_format_to_file(spark: SparkSession, tpch_data: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

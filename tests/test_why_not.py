@@ -11,6 +11,7 @@ from typing import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
+from test_aqe import join_names
 from umjoin import plans, tpch
 from umjoin.local import temporary_conf
 
@@ -77,10 +78,6 @@ def test_the_reason_is_logged_once_per_query_at_info(tmp_path: Path) -> None:
     assert len(said) == 1 and " INFO " in said[0] and "stays as Spark plans it: UMJoin does not compute its join type" in said[0], said
 
 
-def join_names(plan: plans.PlanNode) -> list[str]:
-    return sorted(node.name for node in plan.walk() if node.name.endswith("JoinExec"))
-
-
 def test_a_group_spark_broadcasts_in_every_join_stays_sparks_by_default(spark: SparkSession, tpch_data: Path) -> None:
     """UMJoin's default (`spark.umjoin.convertBroadcastJoins=false`) at SF 0.01, where Spark broadcasts most of
     TPC-H's joins: a query whose joins Spark (UMJoin off) plans as broadcast joins, every one, keeps that plan, and
@@ -99,12 +96,13 @@ def test_a_group_spark_broadcasts_in_every_join_stays_sparks_by_default(spark: S
                 assert plans.umjoin_nodes(on) == [] and join_names(on) == off, (number, join_names(on))
         said = plans.why_not(spark.sql(tpch.query_text(5)))
         assert any(s.startswith("the INNER join of ") and reason in s for s in said), said
-        with temporary_conf(spark, {"spark.sql.autoBroadcastJoinThreshold": "-1"}):
-            found = {f"q{n:02d}": [node.labels for node in plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
-                     for n in tpch.QUERY_NUMBERS}
-    with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": "true", "spark.sql.adaptive.enabled": "false",
-                                "spark.sql.autoBroadcastJoinThreshold": "-1"}):
-        converting = {f"q{n:02d}": [node.labels for node in plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
-                      for n in tpch.QUERY_NUMBERS}
+
+    def groups_without_broadcasts(convert_broadcast_joins: str) -> dict[int, list[list[str]]]:
+        with temporary_conf(spark, {"spark.umjoin.convertBroadcastJoins": convert_broadcast_joins, "spark.sql.adaptive.enabled": "false",
+                                    "spark.sql.autoBroadcastJoinThreshold": "-1"}):
+            return {n: [node.labels for node in plans.umjoin_nodes(plans.physical_plan(spark.sql(tpch.query_text(n))))]
+                    for n in tpch.QUERY_NUMBERS}
+
+    found, converting = groups_without_broadcasts("false"), groups_without_broadcasts("true")
     assert found == converting and sum(map(len, found.values())) >= 5, (found, converting)
     assert 5 in all_broadcast and len(all_broadcast) >= 8, all_broadcast

@@ -31,9 +31,8 @@ def run_demo(spark: SparkSession, number: int, sf: float) -> bool:
         results[enabled] = (df.columns, rows, plans.render(plan), plans.umjoin_nodes(plan))
     spark.conf.unset("spark.umjoin.enabled")
 
-    converting = str(spark.conf.get("spark.umjoin.convertBroadcastJoins", "false")).strip().lower() == "true"
     setting = (", with spark.umjoin.convertBroadcastJoins=true (by default a group whose joins Spark plans as broadcast "
-               "joins, every one, stays Spark's)") if converting else ""
+               "joins, every one, stays Spark's)") if plans.converts_broadcast_joins(spark) else ""
     print(f"TPC-H Q{number} at scale factor {sf:g}{setting}\n\n{sql}\n")
     for enabled, title in (("false", "UMJoin off: Spark's own plan"), ("true", "UMJoin on")):
         print(f"== {title} ==\n{results[enabled][2]}")

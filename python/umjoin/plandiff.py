@@ -145,6 +145,7 @@ def _text(comparison: plans.PlanComparison, layout: str, color: bool) -> str:
     for node in comparison.umjoins:
         order = " -> ".join(node.inputs[i].label for i in node.probe_order)
         out.append(f"UMJoin over {', '.join(node.labels)}; probe order {order}")
+    out += [f"Stays Spark's: {reason}" for reason in comparison.why_not]
     if not comparison.executed:
         out.append("Plans before execution: AQE may change them when the query runs.")
     return "\n".join(out)
@@ -168,6 +169,7 @@ def _json(sql: str, comparison: plans.PlanComparison) -> str:
         "executed": comparison.executed,
         "join_counts": comparison.join_counts,
         "replaced_joins": [j.text for j in comparison.replaced_joins],
+        "why_not": list(comparison.why_not),
         "umjoins": [
             {
                 "inputs": [

@@ -136,6 +136,12 @@ def why_not(df: DataFrame) -> list[str]:
     return [f"{join}: {reason}" for join, reason in reasons]
 
 
+def converts_broadcast_joins(spark: SparkSession) -> bool:
+    """Whether the session converts groups Spark would broadcast in every join (`spark.umjoin.convertBroadcastJoins`;
+    by default they stay Spark's)."""
+    return str(spark.conf.get("spark.umjoin.convertBroadcastJoins", "false")).strip().lower() == "true"
+
+
 def _logical(df: DataFrame, stage: str) -> Any:
     connect.classic_only(df, "umjoin.plans' logical plans and TSC groups",
                          "on Spark Connect use physical_plan(df) and why_not(df), or df.explain('extended')")
@@ -231,11 +237,13 @@ class Plans:
 
 @dataclass(frozen=True)
 class PlanComparison:
-    """One query planned with UMJoin off and on; ``executed`` if the physical plans are AQE's final ones."""
+    """One query planned with UMJoin off and on; ``executed`` if the physical plans are AQE's final ones;
+    ``why_not``: why each join of the plan with UMJoin on stays Spark's (as ``why_not`` says it)."""
 
     off: Plans
     on: Plans
     executed: bool
+    why_not: tuple[str, ...] = ()
 
     @property
     def umjoins(self) -> list[UMJoinNode]:
@@ -273,7 +281,7 @@ def compare(spark: SparkSession, query: str | DataFrame, execute: bool = True) -
     connect.classic_only(spark, "umjoin.plans.compare", "compare physical_plan(df) with spark.umjoin.enabled "
                          "set to false and to true, or run `umjoin plan-diff` where the data is")
     analyzed = (spark.sql(query) if isinstance(query, str) else query)._jdf.queryExecution().analyzed()
-    planned = {}
+    planned, reasons = {}, []
     for enabled in ("false", "true"):
         with temporary_conf(spark, {"spark.umjoin.enabled": enabled}):
             execution = spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, analyzed).queryExecution()
@@ -284,4 +292,6 @@ def compare(spark: SparkSession, query: str | DataFrame, execute: bool = True) -
                 _tree(json.loads(inspection.describe(execution.optimizedPlan()))),
                 _tree(json.loads(inspection.describe(execution.executedPlan()))),
             )
-    return PlanComparison(planned["false"], planned["true"], execute)
+            if enabled == "true":
+                reasons = [f"{join}: {reason}" for join, reason in json.loads(inspection.whyNot(execution))]
+    return PlanComparison(planned["false"], planned["true"], execute, tuple(reasons))

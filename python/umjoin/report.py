@@ -200,7 +200,7 @@ def run_report(spark: SparkSession, sf: float, out: Path, queries: list[int], re
         "schema_version": 1,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": {"sf": sf, "repetitions": repetitions, "min_inputs": min_inputs,
-                     "convert_broadcast_joins": str(spark.conf.get("spark.umjoin.convertBroadcastJoins", "false")).strip().lower() == "true",
+                     "convert_broadcast_joins": plans.converts_broadcast_joins(spark),
                      "spark": spark.version,
                      "adaptive": spark.conf.get("spark.sql.adaptive.enabled")},
         "summary": _summary(results),
