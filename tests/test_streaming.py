@@ -306,8 +306,8 @@ def test_a_checkpoint_of_the_previous_layout_format_continues_under_an_adaptive_
         run_once()
         (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
         recorded = layout.read_text()
-        assert '"format":4' in recorded and '"indexedBy":[["y_j"]]' in recorded, recorded
-        layout.write_text(recorded.replace('"format":4', '"format":1').replace('"indexedBy":[["y_j"]]', '"indexedBy":["y_j"]'))
+        assert '"format":5' in recorded and '"indexedBy":[["y_j"]]' in recorded, recorded
+        layout.write_text(recorded.replace('"format":5', '"format":1').replace('"indexedBy":[["y_j"]]', '"indexedBy":["y_j"]'))
         (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
         for name in "xyz":
             write_batches(tmp_path / name, columns[name], data[name][2:])
@@ -513,47 +513,59 @@ def test_a_checkpoint_whose_umjoin_state_was_deleted_is_refused_saying_so(spark:
     assert "it was deleted or moved" in message and "use a new checkpoint location" in message, message
 
 
-#: A RocksDB checkpoint UMJoin wrote before it kept one store per partition (tests/checkpoints/make_rocksdb_separate_stores.py),
-#: its file-source logs naming the data under SEPARATE_STORES_DATA, and the data it read.
-SEPARATE_STORES = Path(__file__).resolve().parent / "checkpoints" / "rocksdb-separate-stores"
-SEPARATE_STORES_DATA = "/tmp/umjoin-checkpoint-fixture"
-SEPARATE_STORES_COLUMNS = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
-#: Micro-batches the fixture's run read, of the ones `separate_stores_batches` draws.
-SEPARATE_STORES_BEFORE = 3
+#: RocksDB checkpoints of the x-y-z chain that earlier versions of UMJoin wrote (tests/checkpoints/make_rocksdb_checkpoint.py),
+#: each with its file-source logs naming the data under OLDER_CHECKPOINT_DATA, and the data it read: per fixture, the commit
+#: that wrote it, its layout format, the stores of each partition, and the store instances a micro-batch opens.
+OLDER_CHECKPOINTS = {
+    # Format 3: a store of its own per input and index (y indexed on y_j), two partitions.
+    "rocksdb-separate-stores": ("678d4e5", 3, ["_metadata", "umjoin-input-0", "umjoin-input-1", "umjoin-input-1-index-0", "umjoin-input-2"], 2 * 4),
+    # Format 4: one store per partition, each input's rows a column family of it, an entry per row.
+    "rocksdb-column-families": ("df2ddcc", 4, ["_metadata", "umjoin"], 2),
+}
+OLDER_CHECKPOINT_DATA = "/tmp/umjoin-checkpoint-fixture"
+OLDER_CHECKPOINT_COLUMNS = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT" for n in "xyz"}
+#: Micro-batches each fixture's run read, of the ones `older_checkpoint_batches` draws.
+OLDER_CHECKPOINT_BEFORE = 3
 
 
-def separate_stores_batches() -> dict[str, list[list[tuple[int, int, int]]]]:
+def older_checkpoint(name: str) -> Path:
+    return Path(__file__).resolve().parent / "checkpoints" / name
+
+
+def older_checkpoint_batches() -> dict[str, list[list[tuple[int, int, int]]]]:
     rng = random.Random(29)
     return {n: [[(rng.randrange(5), rng.randrange(4), rng.randrange(100)) for _ in range(8)] for _ in range(5)] for n in "xyz"}
 
 
-def test_a_rocksdb_checkpoint_of_a_store_per_input_continues_keeping_them_so(spark: SparkSession, tmp_path: Path) -> None:
-    """A RocksDB checkpoint of the x-y-z chain written by UMJoin at 678d4e5 (layout format 3: a store per input and
-    index; y indexed on y_j), restarted by this version with RocksDB: its record says how its stores are kept, the new
-    micro-batches write and probe them so, and every result comes out once. A new checkpoint keeps one store per
-    partition (test_the_benchmarks_state_sizes_count_every_stored_key_and_value)."""
+@pytest.mark.parametrize("fixture", OLDER_CHECKPOINTS)
+def test_a_rocksdb_checkpoint_of_an_earlier_layout_continues_keeping_its_stores_so(spark: SparkSession, tmp_path: Path, fixture: str) -> None:
+    """A RocksDB checkpoint of the x-y-z chain written by an earlier UMJoin (a store per input and index; or one store per
+    partition with an entry per row), restarted by this version with RocksDB: its record says how its stores are kept,
+    the new micro-batches write and probe them so, and every result comes out once. A new checkpoint keeps each key's
+    rows as one list (test_the_benchmarks_state_sizes_count_every_stored_key_and_value)."""
+    _, layout_format, stores, instances = OLDER_CHECKPOINTS[fixture]
     work = tmp_path / "work"
-    shutil.copytree(SEPARATE_STORES, work, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    shutil.copytree(older_checkpoint(fixture), work, ignore=shutil.ignore_patterns("*.py", "*.md"))
     # The file-source logs name the files read by absolute path (and Hadoop keeps a checksum of each log file).
     for log in (work / "ck" / "sources").rglob("*"):
         if log.is_file() and not log.name.endswith(".crc"):
-            log.write_text(log.read_text().replace(SEPARATE_STORES_DATA, str(work)))
+            log.write_text(log.read_text().replace(OLDER_CHECKPOINT_DATA, str(work)))
             (log.parent / f".{log.name}.crc").unlink(missing_ok=True)
     (layout,) = (work / "ck" / "state").glob("*/_umjoin_layout.json")
-    assert '"format":3' in layout.read_text() and '"stores"' not in layout.read_text()
-    before = sorted(os.listdir(layout.parent / "0"))
-    assert before == ["_metadata", "umjoin-input-0", "umjoin-input-1", "umjoin-input-1-index-0", "umjoin-input-2"], before
-    data = separate_stores_batches()
+    assert f'"format":{layout_format}' in layout.read_text()
+    assert sorted(os.listdir(layout.parent / "0")) == stores
+    data = older_checkpoint_batches()
     for name, batches in data.items():
-        write_batches(work / name, SEPARATE_STORES_COLUMNS[name], batches[SEPARATE_STORES_BEFORE:])
-    frames = {n: stream(spark, work / n, SEPARATE_STORES_COLUMNS[n]) for n in "xyz"}
+        write_batches(work / name, OLDER_CHECKPOINT_COLUMNS[name], batches[OLDER_CHECKPOINT_BEFORE:])
+    frames = {n: stream(spark, work / n, OLDER_CHECKPOINT_COLUMNS[n]) for n in "xyz"}
     with temporary_conf(spark, ROCKSDB):
         query, emitted = run_by_batch(chain(frames), work / "ck")
     assert "StreamingUMJoin inputs=" in executed_plan(query)
     assert [p["batchId"] for p in query.recentProgress] == [3, 4]
-    assert all(p["stateOperators"][0]["numStateStoreInstances"] == 2 * 4 for p in query.recentProgress)
-    assert sorted(os.listdir(layout.parent / "0")) == before
-    earlier = [tuple(row) for row in json.loads((SEPARATE_STORES / "rows-before.json").read_text())]
+    assert all(p["stateOperators"][0]["numStateStoreInstances"] == instances for p in query.recentProgress)
+    assert sorted(os.listdir(layout.parent / "0")) == stores
+    assert f'"format":{layout_format}' in layout.read_text()
+    earlier = [tuple(row) for row in json.loads((older_checkpoint(fixture) / "rows-before.json").read_text())]
     written = sorted(earlier + [row for row, batches in emitted.items() for _ in batches], key=nulls_first)
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         expected = sorted_rows(chain({n: spark.read.parquet(str(work / n)) for n in "xyz"}))
@@ -578,9 +590,9 @@ def test_state_of_another_umjoin_version_is_refused(spark: SparkSession, tmp_pat
     (layout,) = (tmp_path / "ck" / "state").glob("*/_umjoin_layout.json")
     assert [p.name for p in (layout.parent / "0").iterdir() if p.name.startswith("umjoin-input-1")] != []
     if change == "older format":
-        layout.write_text(layout.read_text().replace('"format":4', '"format":0'))
+        layout.write_text(layout.read_text().replace('"format":5', '"format":0'))
         (layout.parent / f".{layout.name}.crc").unlink()  # Hadoop's local checksum of the file as written
-        expected = "written by another version of UMJoin (state layout format 0; this version reads formats 1 to 4)"
+        expected = "written by another version of UMJoin (state layout format 0; this version reads formats 1 to 5)"
     else:
         layout.unlink()
         expected = "written by an earlier version of UMJoin, whose state layout this version cannot read"
@@ -619,15 +631,18 @@ def test_the_benchmarks_state_sizes_count_every_stored_key_and_value(spark: Spar
     for b in range(3):
         seen = {n: [r for batch in data[n][: b + 1] for r in batch] for n in "xyz"}
         count = {n: {k: sum(1 for r in seen[n] if r[0] == k) for k in range(5)} for n in "xyz"}
-        # UMJoin: each input's rows, keyed by (key, sequence number, time stored), and no index on a single key; with
-        # RocksDB the inputs are column families of one store per partition, whose default family holds each input's
-        # count of rows: a key of the input's store name ("umjoin-input-<i>", 14 bytes of a string field) and a LONG.
+        # UMJoin: each input's rows listed by key (the key, one field, once; each row with its sequence number and the
+        # time it was stored: a row of 3 fields, the first the row itself), and no index on a single key; with RocksDB
+        # the inputs are column families of one store per partition, whose default family holds each input's count of
+        # rows: a key of the input's store name ("umjoin-input-<i>", 14 bytes of a string field) and a LONG.
         (operator,) = [op for op in umjoin.recentProgress[b]["stateOperators"] if op["operatorName"] == "umJoin"]
         assert all(operator["customMetrics"][f"stateIndexEntriesInput{i}"] == 0 for i in range(3))
         assert operator["numStateStoreInstances"] == partitions
         stored = sum(len(seen[n]) for n in "xyz")
+        keys = sum(1 for n in "xyz" for c in count[n].values() if c)
         counts = partitions * 3
-        assert measured_umjoin[b] == (stored + counts, stored * (row(3) + row(2)) + counts * ((8 + 8 + 16) + row(1)))
+        assert measured_umjoin[b] == (stored + counts,
+                                      stored * (row(3) + row(2)) + keys * row(1) + counts * ((8 + 8 + 16) + row(1)))
         # Spark's joins: per side, each row keyed by (key, index) with its `matched` flag, and each key's count of rows.
         xy = sum(count["x"][k] * count["y"][k] for k in range(5))
         sides = [(len(seen["x"]), 2, count["x"]), (len(seen["y"]), 2, count["y"]), (len(seen["z"]), 2, count["z"]),

@@ -8,6 +8,7 @@ import org.json4s.jackson.JsonMethods.{compact, render}
 import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.{QueryExecution, SparkPlan}
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.{
   StreamingSymmetricHashJoinExec, SymmetricHashJoinStateManager}
@@ -20,7 +21,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
 import umjoin.spark.streaming.{InputState, InputStateConf, InputStateSpec, PartitionStores,
-  StoreLayout, StoreSchema, StreamingUMJoinExec}
+  StoreSchema, StreamingUMJoinExec}
 
 /**
  * One state store of a streaming query's operator in one partition, as its operator opens it;
@@ -37,13 +38,26 @@ final case class StateStoreOnDisk(checkpoint: String, operatorId: Long,
       partition, name), UUID.randomUUID()), keySchema, valueSchema, keyEncoding,
       families.nonEmpty, conf, hadoopConf, false, None)
 
-  /** What a read store of it holds, per family: (the store's or family's name, its entries). */
-  def contents(read: ReadStateStore): Seq[(String, Iterator[UnsafeRowPair])] =
-    (name -> read.iterator()) +: families.map { family =>
+  /**
+   * What a read store of it holds, per family: (the store's or family's name, the bytes of each
+   * row it holds). An entry is a row; in a listed family each value is, a key's bytes counted with
+   * its first value.
+   */
+  def contents(read: ReadStateStore): Seq[(String, Iterator[Long])] =
+    (name -> read.iterator().map(bytes)) +: families.map { family =>
       read.asInstanceOf[StateStore].createColFamilyIfAbsent(family.name, family.keySchema,
-        family.valueSchema, InputState.keyEncoding(family.keySchema))
-      family.name -> read.iterator(family.name)
+        family.valueSchema, family.keyEncoding, useMultipleValuesPerKey = family.listed)
+      family.name -> (if (family.listed) {
+        var previous: UnsafeRow = null
+        read.iteratorWithMultiValues(family.name).map { pair =>
+          val first = previous == null || pair.key != previous
+          if (first) previous = pair.key.copy()
+          (if (first) pair.key.getSizeInBytes else 0L) + pair.value.getSizeInBytes
+        }
+      } else read.iterator(family.name).map(bytes))
     }
+
+  private def bytes(pair: UnsafeRowPair): Long = pair.key.getSizeInBytes + pair.value.getSizeInBytes
 }
 
 /**
@@ -82,23 +96,23 @@ object StateSizes {
         val (inputs, waiting) = umjoin.stateSpecs.partition(spec =>
           umjoin.layout.stored.exists(InputState.storeName(_) == spec.name))
         def own(specs: Seq[InputStateSpec]): Seq[(StoreSchema, StateStoreConf)] =
-          specs.flatMap(spec => (spec.rowStore -> umjoinConfs.rows) +:
+          specs.flatMap(spec => (spec.rowStore(listed = false) -> umjoinConfs.rows) +:
             spec.indexStores.map(_ -> umjoinConfs.indexes))
         def separate(partition: Int, schemas: Seq[(StoreSchema, StateStoreConf)]) =
           schemas.map { case (store, conf) =>
             StateStoreOnDisk(info.checkpointLocation, info.operatorId, partition, store.name,
-              store.keySchema, store.valueSchema, InputState.keyEncoding(store.keySchema), conf)
+              store.keySchema, store.valueSchema, store.keyEncoding, conf)
           }
-        (0 until info.numPartitions).flatMap(partition => umjoin.layout.stores match {
-          case StoreLayout.Separate => separate(partition, own(inputs ++ waiting))
-          case StoreLayout.ColumnFamilies =>
+        val layout = umjoin.layout.stores
+        (0 until info.numPartitions).flatMap(partition =>
+          if (layout.oneStorePerPartition) {
             val shared = if (inputs.isEmpty) Nil else Seq(StateStoreOnDisk(info.checkpointLocation,
               info.operatorId, partition, InputState.PartitionStoreName,
               PartitionStores.CountKey, PartitionStores.CountValue,
               NoPrefixKeyStateEncoderSpec(PartitionStores.CountKey), umjoinConfs.indexes,
-              inputs.flatMap(spec => spec.rowStore +: spec.indexStores)))
+              inputs.flatMap(spec => spec.rowStore(layout.rowsListedByKey) +: spec.indexStores)))
             shared ++ separate(partition, own(waiting))
-        })
+          } else separate(partition, own(inputs ++ waiting)))
     }.flatten
   }
 
@@ -146,9 +160,9 @@ object StateSizes {
         try {
           var rows = 0L
           var bytes = 0L
-          store.contents(read).foreach(_._2.foreach { pair =>
+          store.contents(read).foreach(_._2.foreach { rowBytes =>
             rows += 1
-            bytes += pair.key.getSizeInBytes + pair.value.getSizeInBytes
+            bytes += rowBytes
           })
           (batch, (rows, bytes))
         } finally read.release()

@@ -54,13 +54,11 @@ final case class GroupSpec(
    */
   def storeNames(chosen: Option[StreamingLayout]): Seq[String] = {
     val stored = StreamingLayout.storedOf(layout.kinds)
-    (layout.stores match {
-      case StoreLayout.Separate => stored.flatMap { j =>
-        InputState.storeName(j) +: chosen.fold(Seq.empty[String])(c =>
-          c.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _)))
-      }
-      case StoreLayout.ColumnFamilies =>
-        if (stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
+    (if (layout.stores.oneStorePerPartition) {
+      if (stored.isEmpty) Nil else Seq(InputState.PartitionStoreName)
+    } else stored.flatMap { j =>
+      InputState.storeName(j) +: chosen.fold(Seq.empty[String])(c =>
+        c.indexes(j).indices.map(InputState.indexStoreName(InputState.storeName(j), _)))
     }) ++ semiInputs.map(InputState.unmatchedStoreName)
   }
 }

@@ -3,12 +3,12 @@ package umjoin.spark.streaming
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, Expression,
-  GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, CreateStruct,
+  Expression, GenericInternalRow, JoinedRow, SpecificInternalRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{PrefixKeyScanStateEncoderSpec, StateStore,
-  StateStoreConf}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec,
+  NoPrefixKeyStateEncoderSpec, PrefixKeyScanStateEncoderSpec, StateStore, StateStoreConf}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, LongType, StructField, StructType}
 
@@ -35,7 +35,6 @@ import umjoin.spark.core.store.JoinStore
  */
 final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionClass: Int,
     partitionKey: Expression, indexes: Seq[(StoreIndex, Seq[Expression])], name: String) {
-  def primaryKeySchema: StructType = InputStateSpec.rowKeySchema(partitionKey.dataType)
   def indexKeySchema(keys: Seq[Expression]): StructType =
     StructType(keys.zipWithIndex.map { case (k, i) =>
       StructField(if (i == 0) "key" else s"key$i", k.dataType)
@@ -48,9 +47,9 @@ final case class InputStateSpec(input: Int, output: Seq[Attribute], partitionCla
    */
   def allIndexes: Seq[(StoreIndex, Seq[Expression])] =
     (StoreIndex.single(partitionClass) -> Seq(partitionKey)) +: indexes
-  /** The rows' store. */
-  def rowStore: StoreSchema =
-    StoreSchema(name, primaryKeySchema, DataTypeUtils.fromAttributes(output))
+  /** The rows' store: one entry per row, or (`listed`) per partitioning key, holding its rows. */
+  def rowStore(listed: Boolean): StoreSchema = InputStateSpec.rowStore(name,
+    partitionKey.dataType, DataTypeUtils.fromAttributes(output), listed)
   /** Per further index (in the order of `indexes`), its store. */
   def indexStores: Seq[StoreSchema] = indexes.zipWithIndex.map { case ((_, keys), position) =>
     StoreSchema(InputState.indexStoreName(name, position), indexKeySchema(keys), indexValueSchema)
@@ -62,6 +61,19 @@ object InputStateSpec {
   def rowKeySchema(partitionKeyType: DataType): StructType = StructType(Seq(
     StructField("key", partitionKeyType), StructField("sequence", LongType, nullable = false),
     StructField("storedAtMs", LongType, nullable = false)))
+
+  /**
+   * An input's rows' store `name`: keyed by [[rowKeySchema]], each row its value; or (`listed`)
+   * keyed by the partitioning key's value alone, each value of its list a row with its sequence
+   * number and the time it was stored.
+   */
+  def rowStore(name: String, partitionKeyType: DataType, rowSchema: StructType,
+      listed: Boolean): StoreSchema =
+    if (listed) StoreSchema(name, StructType(Seq(StructField("key", partitionKeyType))),
+      StructType(Seq(StructField("row", rowSchema, nullable = false),
+        StructField("sequence", LongType, nullable = false),
+        StructField("storedAtMs", LongType, nullable = false))), listed = true)
+    else StoreSchema(name, rowKeySchema(partitionKeyType), rowSchema)
 
   /** Per input `layout` stores, where a partition keeps its rows. */
   def of(layout: StreamingLayout, graph: JoinGraph,
@@ -76,9 +88,89 @@ object InputStateSpec {
 
 /**
  * One state store of a stream input in each partition: its name and the schemas of its keys and
- * values.
+ * values; `listed`: each key holds a list of values (RocksDB's merge), looked up whole.
  */
-final case class StoreSchema(name: String, keySchema: StructType, valueSchema: StructType)
+final case class StoreSchema(name: String, keySchema: StructType, valueSchema: StructType,
+    listed: Boolean = false) {
+  def keyEncoding: KeyStateEncoderSpec =
+    if (listed) NoPrefixKeyStateEncoderSpec(keySchema) else InputState.keyEncoding(keySchema)
+}
+
+/**
+ * A stored row as a scan of an input's rows' store gives it: the row, its sequence number and when
+ * it was stored. One instance is reused for every row of a scan.
+ */
+private[streaming] final class StoredRow {
+  var row: UnsafeRow = _
+  var sequence: Long = 0L
+  var storedAtMs: Long = 0L
+}
+
+/**
+ * An input's rows' store as the task reads it, in either of its keyings: an entry per row keyed by
+ * (partitioning key, sequence number, time stored), or ([[StoreLayout.RowLists]]) an entry per
+ * partitioning key holding that key's rows with their numbers.
+ */
+private[streaming] sealed trait StoredRows {
+  /** The rows stored under partitioning key `key` (a row of its one value) still visible. */
+  def withKey(key: UnsafeRow, visible: Long => Boolean): Iterator[InternalRow]
+  /** The row an index entry points to, or null. */
+  def pointedTo(partitionKey: Any, sequence: Long, storedAtMs: Long): InternalRow
+  /** Every stored row (the same [[StoredRow]] each time, valid until the next). */
+  def all(): Iterator[StoredRow]
+}
+
+private[streaming] object StoredRows {
+  def apply(view: StoreView, schema: StoreSchema, partitionKeyType: DataType,
+      rowFields: Int): StoredRows =
+    if (schema.listed) new RowsPerKey(view, partitionKeyType, rowFields)
+    else new RowPerEntry(view, partitionKeyType)
+
+  private final class RowPerEntry(view: StoreView, keyType: DataType) extends StoredRows {
+    private val rowKey = UnsafeProjection.create(Array(keyType, LongType, LongType))
+    private val keyValues = new GenericInternalRow(3)
+    override def withKey(key: UnsafeRow, visible: Long => Boolean): Iterator[InternalRow] =
+      view.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    override def pointedTo(partitionKey: Any, sequence: Long, storedAtMs: Long): InternalRow = {
+      keyValues.update(0, partitionKey)
+      keyValues.update(1, sequence)
+      keyValues.update(2, storedAtMs)
+      view.get(rowKey(keyValues))
+    }
+    override def all(): Iterator[StoredRow] = {
+      val stored = new StoredRow
+      view.iterator().map { pair =>
+        stored.row = pair.value
+        stored.sequence = pair.key.getLong(1)
+        stored.storedAtMs = pair.key.getLong(2)
+        stored
+      }
+    }
+  }
+
+  private final class RowsPerKey(view: StoreView, keyType: DataType, rowFields: Int)
+    extends StoredRows {
+    private val listKey = UnsafeProjection.create(Array(keyType))
+    private val keyValue = new GenericInternalRow(1)
+    override def withKey(key: UnsafeRow, visible: Long => Boolean): Iterator[InternalRow] =
+      view.values(key).filter(value => visible(value.getLong(2)))
+        .map(_.getStruct(0, rowFields))
+    override def pointedTo(partitionKey: Any, sequence: Long, storedAtMs: Long): InternalRow = {
+      keyValue.update(0, partitionKey)
+      view.values(listKey(keyValue)).find(_.getLong(1) == sequence)
+        .map(_.getStruct(0, rowFields)).orNull
+    }
+    override def all(): Iterator[StoredRow] = {
+      val stored = new StoredRow
+      view.listedIterator().map { pair =>
+        stored.row = pair.value.getStruct(0, rowFields)
+        stored.sequence = pair.value.getLong(1)
+        stored.storedAtMs = pair.value.getLong(2)
+        stored
+      }
+    }
+  }
+}
 
 /**
  * The stores of one stream input in one task, for reading: the version the previous micro-batch
@@ -88,13 +180,11 @@ final case class StoreSchema(name: String, keySchema: StructType, valueSchema: S
  */
 final class InputState private[streaming] (
     spec: InputStateSpec,
-    primary: StoreView,
+    rows: StoredRows,
     indexes: Map[StoreIndex, StoreView],
     visible: Long => Boolean,
     storedRows: () => Long) {
 
-  private val rowKey = UnsafeProjection.create(spec.primaryKeySchema.map(_.dataType).toArray)
-  private val rowKeyValues = new GenericInternalRow(3)
   private val partitionIndex = StoreIndex.single(spec.partitionClass)
 
   /**
@@ -102,17 +192,14 @@ final class InputState private[streaming] (
    * once, not per probe).
    */
   private def lookup(index: StoreIndex): UnsafeRow => Iterator[InternalRow] =
-    if (index == partitionIndex)
-      key => primary.prefixScan(key).filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    if (index == partitionIndex) key => rows.withKey(key, visible)
     else {
       val store = indexes.getOrElse(index, throw new IllegalStateException(
         s"UMJoin state of input #${spec.input} has no index on classes ${index.classes}"))
       val sequence = index.classes.size
       key => store.prefixScan(key).filter(pair => visible(pair.value.getLong(1))).map { pair =>
-        rowKeyValues.update(0, pair.value.get(0, spec.partitionKey.dataType))
-        rowKeyValues.update(1, pair.key.getLong(sequence))
-        rowKeyValues.update(2, pair.value.getLong(1))
-        val row = primary.get(rowKey(rowKeyValues))
+        val row = rows.pointedTo(pair.value.get(0, spec.partitionKey.dataType),
+          pair.key.getLong(sequence), pair.value.getLong(1))
         if (row == null) throw new IllegalStateException(s"UMJoin state of input #${spec.input}" +
           (": an index entry points to a row that is not stored; the checkpoint's state is " +
             "inconsistent"))
@@ -122,7 +209,7 @@ final class InputState private[streaming] (
 
   /** Every stored row still visible. */
   def visibleRows(): Iterator[InternalRow] =
-    primary.iterator().filter(pair => visible(pair.key.getLong(2))).map(_.value)
+    rows.all().filter(stored => visible(stored.storedAtMs)).map(_.row)
 
   /** A probe of this input's state through `index`, as the probe loop sees it. */
   def storeFor(index: StoreIndex): JoinStore = new JoinStore {
@@ -187,7 +274,9 @@ object InputState {
   def read(spec: InputStateSpec, stores: PartitionStores, confs: InputStateConf,
       visible: Long => Boolean): InputState = {
     val counted = stores.committedRows(spec.name, reading = true)
-    new InputState(spec, stores.read(spec.rowStore, confs.rows),
+    val rowStore = spec.rowStore(stores.layout.rowsListedByKey)
+    new InputState(spec, StoredRows(stores.read(rowStore, confs.rows), rowStore,
+        spec.partitionKey.dataType, spec.output.size),
       spec.indexes.map(_._1).zip(spec.indexStores.map(stores.read(_, confs.indexes))).toMap,
       visible, () => counted.getOrElse(0L))
   }
@@ -195,10 +284,11 @@ object InputState {
   /** The state to write this micro-batch's version of; `stores` commits it. */
   def write(spec: InputStateSpec, stores: PartitionStores, confs: InputStateConf,
       visible: Long => Boolean): InputStateWriter = {
-    val primary = stores.write(spec.rowStore, confs.rows)
+    val rowStore = spec.rowStore(stores.layout.rowsListedByKey)
+    val primary = stores.write(rowStore, confs.rows)
     val indexes = spec.indexes.map(_._1).zip(spec.indexStores.map(stores.write(_, confs.indexes)))
       .toMap
-    new InputStateWriter(spec, primary, indexes, visible,
+    new InputStateWriter(spec, rowStore, primary, indexes, visible,
       stores.committedRows(spec.name, reading = false), stores)
   }
 
@@ -216,14 +306,16 @@ object InputState {
  * them. `committedRows`: the rows the micro-batch before left, where the partition's one store
  * counts them (else the input's own store counts its keys).
  */
-final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
+final class InputStateWriter(spec: InputStateSpec, rowStore: StoreSchema, primary: WritableView,
     indexes: Map[StoreIndex, WritableView], visible: Long => Boolean,
     committedRows: Option[Long], stores: PartitionStores) {
   private var change = 0L
   /** The rows the input's store holds now. */
   def rowCount: Long = committedRows.fold(primary.store.metrics.numKeys)(_ + change)
   stores.countRows(spec.name, () => rowCount)
-  val state: InputState = new InputState(spec, primary.reading,
+  private val rows =
+    StoredRows(primary.reading, rowStore, spec.partitionKey.dataType, spec.output.size)
+  val state: InputState = new InputState(spec, rows,
     indexes.map { case (index, view) => index -> view.reading }, visible, () => rowCount)
 
   // A row's keys are read from the row joined with two numbers: its sequence number and when it was
@@ -236,6 +328,9 @@ final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
   private val numbered = spec.output :+ sequenceAttribute :+ storedAtAttribute
   private val rowKey =
     GeneratedCode.projection(Seq(spec.partitionKey, sequenceAttribute, storedAtAttribute), numbered)
+  private val listKey = GeneratedCode.projection(Seq(spec.partitionKey), numbered)
+  private val listedValue = GeneratedCode.projection(
+    Seq(CreateStruct(spec.output), sequenceAttribute, storedAtAttribute), numbered)
   private val indexValue =
     GeneratedCode.projection(Seq(spec.partitionKey, storedAtAttribute), numbered)
   private val indexKeyOf = spec.indexes.map { case (index, keys) =>
@@ -256,11 +351,11 @@ final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
   /** Stores a row that arrived, as of `nowMs`. */
   def put(row: InternalRow, nowMs: Long): Unit = {
     val withBoth = withNumbers(row, sequence, nowMs)
-    val stored = row match {
+    if (rowStore.listed) primary.merge(listKey(withBoth), listedValue(withBoth))
+    else primary.put(rowKey(withBoth), row match {
       case u: UnsafeRow if u.numFields == spec.output.size => u
       case other => toStored(other)
-    }
-    primary.put(rowKey(withBoth), stored)
+    })
     if (indexKeyOf.nonEmpty) {
       val value = indexValue(withBoth)
       indexKeyOf.foreach { case (index, key) => indexes(index).put(key(withBoth), value) }
@@ -274,17 +369,55 @@ final class InputStateWriter(spec: InputStateSpec, primary: WritableView,
    * many.
    */
   def removeWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
+    val removed = if (rowStore.listed) removeListedWhere(gone) else removeEntriesWhere(gone)
+    change -= removed
+    removed
+  }
+
+  private def removeFromIndexes(row: InternalRow, sequence: Long): Unit =
+    indexKeyOf.foreach { case (index, indexKeyOfRow) =>
+      indexes(index).remove(indexKeyOfRow(withNumbers(row, sequence, 0L)))
+    }
+
+  private def removeEntriesWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
     val doomed = mutable.ArrayBuffer[(UnsafeRow, UnsafeRow)]()
     primary.reading.iterator().foreach(pair =>
       if (gone(pair.key.getLong(2), pair.value)) doomed += ((pair.key.copy(), pair.value.copy())))
     doomed.foreach { case (key, row) =>
       primary.remove(key)
-      indexKeyOf.foreach { case (index, indexKeyOfRow) =>
-        indexes(index).remove(indexKeyOfRow(withNumbers(row, key.getLong(1), 0L)))
-      }
+      removeFromIndexes(row, key.getLong(1))
     }
-    change -= doomed.size
     doomed.size.toLong
+  }
+
+  // A key's list is written again without its removed rows as soon as the scan has passed it: the
+  // scan reads the store as it was when it began (a RocksDB iterator's snapshot), so no more than
+  // one key's rows are held.
+  private def removeListedWhere(gone: (Long, UnsafeRow) => Boolean): Long = {
+    var removed = 0L
+    var key: UnsafeRow = null
+    var keyLosesRows = false
+    val kept = mutable.ArrayBuffer[UnsafeRow]()
+    def rewrite(): Unit = if (keyLosesRows) {
+      primary.remove(key)
+      if (kept.nonEmpty) primary.putList(key, kept.toArray)
+    }
+    primary.reading.listedIterator().foreach { pair =>
+      if (key == null || pair.key != key) {
+        rewrite()
+        key = pair.key.copy()
+        keyLosesRows = false
+        kept.clear()
+      }
+      val row = pair.value.getStruct(0, spec.output.size)
+      if (gone(pair.value.getLong(2), row)) {
+        removeFromIndexes(row, pair.value.getLong(1))
+        keyLosesRows = true
+        removed += 1
+      } else kept += pair.value.copy()
+    }
+    rewrite()
+    removed
   }
 
   def indexEntryCount: Long = rowCount * indexes.size

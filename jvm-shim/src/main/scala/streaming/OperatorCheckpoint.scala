@@ -217,9 +217,10 @@ object OperatorCheckpoint {
   /**
    * The version of the state's layout this code writes; it reads this one and the ones before
    * (format 1: single-class indexes; format 2: no stored static tables; format 3 and before:
-   * separate stores, [[StoreLayout.Separate]]).
+   * separate stores, [[StoreLayout.Separate]]; format 4: an entry per row,
+   * [[StoreLayout.ColumnFamilies]], where RocksDB keeps the state).
    */
-  val Format = 4
+  val Format = 5
 
   /**
    * The layout as the checkpoint keeps it: classes named by each input's key expression, so they

@@ -59,7 +59,9 @@ final case class StoredInput(stateRoot: String, operatorId: Long, input: Int, la
     columns: StructType, partitionKeyType: DataType, partitions: Int, version: Long,
     stores: StoreLayout, storeConfs: InputStateConf, hadoopConf: SerializableConfiguration) {
   def schema: StructType = columns.add(StructField("partition_id", IntegerType, nullable = false))
-  def keySchema: StructType = InputStateSpec.rowKeySchema(partitionKeyType)
+  /** The input's rows' store, as the checkpoint's layout keeps it. */
+  def rowStore: StoreSchema = InputStateSpec.rowStore(InputState.storeName(input),
+    partitionKeyType, columns, stores.rowsListedByKey)
 }
 
 object StoredInput {
@@ -189,19 +191,19 @@ private final case class StoredReaderFactory(stored: StoredInput) extends Partit
 private final class StoredRowsReader(stored: StoredInput, partition: Int)
   extends PartitionReader[InternalRow] {
   // (Released when the reading task ends.)
-  private val rows = new PartitionStores(stored.stores,
+  private val rows = StoredRows(new PartitionStores(stored.stores,
     StatefulOperatorStateInfo(stored.stateRoot, UUID.randomUUID(), stored.operatorId,
       stored.version, stored.partitions), partition, stored.storeConfs,
     stored.hadoopConf.value, TaskContext.get())
-    .read(StoreSchema(InputState.storeName(stored.input), stored.keySchema, stored.columns),
-      stored.storeConfs.rows).iterator()
+    .read(stored.rowStore, stored.storeConfs.rows), stored.rowStore, stored.partitionKeyType,
+    stored.columns.size).all()
   private val withPartition = UnsafeProjection.create(stored.columns.fields.zipWithIndex.map {
     case (f, i) => BoundReference(i, f.dataType, f.nullable)
   }.toSeq :+ Literal(partition))
   private var current: InternalRow = _
 
   override def next(): Boolean = rows.hasNext && {
-    current = withPartition(rows.next().value)
+    current = withPartition(rows.next().row)
     true
   }
   override def get(): InternalRow = current

@@ -56,6 +56,13 @@ object InputKind {
 sealed trait StoreLayout {
   /** As the checkpoint's layout record names it. */
   def name: String
+  /** Whether every store of a partition is a column family of the partition's one store. */
+  def oneStorePerPartition: Boolean = false
+  /**
+   * Whether an input's rows' store keeps one entry per value of the input's partitioning key, the
+   * rows of that value as a list (else one entry per row).
+   */
+  def rowsListedByKey: Boolean = false
 }
 
 object StoreLayout {
@@ -71,18 +78,35 @@ object StoreLayout {
    * further indexes of every input as its column families and each input's count of rows in its
    * default one: committed once per partition and micro-batch. A semi join's waiting combinations
    * keep a store of their own, written in the stage that settles them, which may come before the
-   * last.
+   * last. Checkpoints of layout format 4.
    */
-  case object ColumnFamilies extends StoreLayout { override val name = "column families" }
+  case object ColumnFamilies extends StoreLayout {
+    override val name = "column families"
+    override def oneStorePerPartition: Boolean = true
+  }
 
-  val byName: Map[String, StoreLayout] = Seq(Separate, ColumnFamilies).map(l => l.name -> l).toMap
+  /**
+   * As [[ColumnFamilies]], but each input's rows' family keeps one entry per value of its
+   * partitioning key: that value's rows, appended as they arrive (RocksDB's merge), so a probe is
+   * one point lookup, which RocksDB's Bloom filters answer without reading a file where no row has
+   * the value, where a scan of a key's entries opens an iterator on every level (as Spark's join
+   * state format 4 keeps a key's rows). Checkpoints of layout format 5 on.
+   */
+  case object RowLists extends StoreLayout {
+    override val name = "row lists"
+    override def oneStorePerPartition: Boolean = true
+    override def rowsListedByKey: Boolean = true
+  }
+
+  val byName: Map[String, StoreLayout] =
+    Seq(Separate, ColumnFamilies, RowLists).map(l => l.name -> l).toMap
 
   /** Spark's RocksDB provider (Scala-private to its package: named). */
   val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
   /** The layout a new checkpoint's state takes with the session's state store provider. */
   def forSession(conf: SQLConf): StoreLayout =
-    if (conf.stateStoreProviderClass == RocksDBProvider) ColumnFamilies else Separate
+    if (conf.stateStoreProviderClass == RocksDBProvider) RowLists else Separate
 }
 
 /**

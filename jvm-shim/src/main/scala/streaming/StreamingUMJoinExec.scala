@@ -14,8 +14,9 @@ import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric,
   StatefulOperatorStateInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{OperatorInfoV1, OperatorStateMetadata,
-  OperatorStateMetadataV1, StateSchemaCompatibilityChecker, StateSchemaValidationResult, StateStore,
-  StateStoreColFamilySchema, StateStoreId, StateStoreMetadataV1}
+  OperatorStateMetadataV1, PrefixKeyScanStateEncoderSpec, StateSchemaCompatibilityChecker,
+  StateSchemaValidationResult, StateStore, StateStoreColFamilySchema, StateStoreId,
+  StateStoreMetadataV1}
 import org.apache.spark.sql.types.{IntegerType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
@@ -190,11 +191,17 @@ case class StreamingUMJoinExec(
     val info = getStateInfo
     val specs = chosenLayout.fold(UnmatchedSpec.of(joinGraph, children.map(_.output).toIndexedSeq,
       unmatchable).map(_.spec))(_ => stateSpecs)
-    val prefixColumns = specs.flatMap(spec => spec.rowStore +: spec.indexStores)
-      .map(store => store.name -> InputState.keyEncoding(store.keySchema).numColsPrefixKey).toMap
-    // (A row store's key is prefixed by its partitioning key's one column, whatever its type.)
-    val rowStorePrefix =
-      InputState.keyEncoding(InputStateSpec.rowKeySchema(IntegerType)).numColsPrefixKey
+    val listed = spec.layout.stores.rowsListedByKey
+    def prefixOf(store: StoreSchema): Int = store.keyEncoding match {
+      case prefixed: PrefixKeyScanStateEncoderSpec => prefixed.numColsPrefixKey
+      case _ => 0
+    }
+    val prefixColumns = specs.flatMap(spec => spec.rowStore(listed) +: spec.indexStores)
+      .map(store => store.name -> prefixOf(store)).toMap
+    // (A row store's key is prefixed by its partitioning key's one column, whatever its type,
+    // unless it is that column alone.)
+    val rowStorePrefix = if (listed) 0
+      else InputState.keyEncoding(InputStateSpec.rowKeySchema(IntegerType)).numColsPrefixKey
     val rowStores = StreamingLayout.storedOf(spec.layout.kinds).map(InputState.storeName).toSet
     val stores = spec.storeNames(chosenLayout).map(name => StateStoreMetadataV1(name,
       prefixColumns.getOrElse(name, if (rowStores(name)) rowStorePrefix else 0),
