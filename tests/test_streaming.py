@@ -387,6 +387,28 @@ def test_the_layout_is_chosen_from_the_first_micro_batch_as_measured(spark: Spar
     assert rows == deduplicated_rows == expected and len(expected) > 0
 
 
+def test_measuring_the_first_micro_batch_reads_only_the_columns_its_keys_and_filters_read(spark: SparkSession, tmp_path: Path) -> None:
+    """The layout's figures need each input's keys, not its rows: the job measuring the first micro-batch reads its
+    files again, but only the keys' columns and what the input's filters read (not a wide text column); the
+    figures and the answer stay the same."""
+    for name in "xyz":
+        write_batches(tmp_path / name, f"{name}_k BIGINT, {name}_j BIGINT, {name}_v BIGINT, {name}_text VARCHAR",
+                      [[(i % 4, i % 3, i, f"text {i}") for i in range(12)]])
+    schemas = {n: f"{n}_k BIGINT, {n}_j BIGINT, {n}_v BIGINT, {n}_text STRING" for n in "xyz"}
+    filtered = spark.read.schema(schemas["z"]).parquet(str(tmp_path / "z")).where("z_v < 6")  # (a filter no key reads)
+    columns = spark._jvm.umjoin.spark.testkit.FirstBatchColumns  # type: ignore[union-attr]
+    assert sorted(columns.read(filtered._jdf, ["z_j"])) == ["z_j", "z_v"]
+
+    frames = {n: stream(spark, tmp_path / n, schemas[n]) for n in "xyz"}
+    frames["z"] = frames["z"].where("z_v < 6")
+    rows, query = run_to_end(chain(frames), "measured_columns", tmp_path / "ck")
+    (line,) = [l for l in executed_plan(query).splitlines() if "StreamingUMJoin inputs=" in l]
+    assert re.search(r"statistics=\[first micro-batch: rows \[12, 12, 6\], key values \[(4, 3|3, 4)\]\]", line), line
+    with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+        expected = sorted_rows(chain({n: spark.read.parquet(str(tmp_path / n)) for n in "xyz"}).where("z_v < 6"))
+    assert rows == expected and len(expected) > 0
+
+
 @pytest.mark.parametrize("cache_rows", ["100000", "0"])
 def test_small_stored_inputs_are_probed_in_memory_with_the_same_answer(spark: SparkSession, tmp_path: Path, cache_rows: str) -> None:
     """With the RocksDB state store, a partition's stored rows of an input are read into memory once per task

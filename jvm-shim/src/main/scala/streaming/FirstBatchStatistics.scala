@@ -3,11 +3,14 @@ package umjoin.spark.streaming
 import scala.util.control.NonFatal
 
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.catalyst.expressions.{BindReferences, Expression, GenericInternalRow}
+import org.apache.spark.sql.catalyst.expressions.{AttributeSet, BindReferences, Expression,
+  GenericInternalRow}
 import org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.{ColumnarToRowExec, FileSourceScanExec, FilterExec,
+  InputAdapter, ProjectExec, SparkPlan, WholeStageCodegenExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{EventTimeWatermarkExec,
   StatefulOperator}
+import org.apache.spark.sql.types.StructType
 
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.cost.JoinSizes
@@ -24,7 +27,8 @@ final case class MeasuredInput(rows: Long, distinct: Seq[Long])
  * know file sizes only, not how many rows a filter keeps (TPC-H Q9's parts named '%green%': 5 %),
  * nor how many values a key takes; and the layout chosen from these figures (partitioning keys,
  * indexes, routes) stays with the checkpoint for the life of the query. It costs reading the first
- * micro-batch's inputs twice, in one job, once per checkpoint.
+ * micro-batch's inputs twice (the second time only the columns keys and filters read), in one job,
+ * once per checkpoint.
  */
 object FirstBatchStatistics extends Logging {
 
@@ -62,7 +66,8 @@ object FirstBatchStatistics extends Logging {
       val perInput = inputs.zipWithIndex.map { case ((input, keys), i) =>
         // A copy, so that the plan's own SQL metrics (a batch's input rows among them) count the
         // batch once.
-        val copy = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
+        val unwatched = input.clone().transformUp { case w: EventTimeWatermarkExec => w.child }
+        val copy = readingOnly(unwatched, AttributeSet(keys.flatMap(_.references)))
         val bound = keys.map(BindReferences.bindReference(_, copy.output))
         copy.execute().mapPartitions { rows =>
           val buffers = sketches(bound.size)
@@ -87,6 +92,28 @@ object FirstBatchStatistics extends Logging {
       }
       MeasuredInput(parts.map(_._2).sum, merged.map(sketch.query(_, 0)))
     }
+  }
+
+  /**
+   * `plan` with its file scans reading only the columns `needed` above them and what the filters
+   * between read (the statistics need the keys, not the rows: TPC-H's lineitem has 16 columns),
+   * through filters, projections and the wrappers of code generation; below any other node the plan
+   * stays as it is.
+   */
+  private[umjoin] def readingOnly(plan: SparkPlan, needed: AttributeSet): SparkPlan = plan match {
+    case scan: FileSourceScanExec =>
+      val output = scan.output.filter(needed.contains)
+      val names = output.map(_.name).toSet
+      scan.copy(output = output,
+        requiredSchema = StructType(scan.requiredSchema.filter(f => names.contains(f.name))))
+    case filter: FilterExec =>
+      filter.withNewChildren(Seq(readingOnly(filter.child, needed ++ filter.condition.references)))
+    case project: ProjectExec =>
+      val kept = project.projectList.filter(e => needed.contains(e.toAttribute))
+      ProjectExec(kept, readingOnly(project.child, AttributeSet(kept.flatMap(_.references))))
+    case _: WholeStageCodegenExec | _: InputAdapter | _: ColumnarToRowExec =>
+      plan.withNewChildren(Seq(readingOnly(plan.children.head, needed)))
+    case other => other
   }
 
   /**
