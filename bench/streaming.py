@@ -34,8 +34,6 @@ from bench import commit, enrichment, outputs, peak_rss_bytes, reported_by, repo
 __all__ = ["TPCH_BLOCKS", "WORKLOADS", "run_streaming_bench"]
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-#: The enrichment chains' runs (Flink's beside them where PyFlink is installed), each in a JVM of its own with RocksDB and 4g.
-ENRICHMENT_RUNS = [("spark-rocksdb", False), ("umjoin-rocksdb", True)]
 #: The TPC-DS join's and TPC-H blocks' runs, each in a JVM of its own with RocksDB and 4g: Spark's joins at its default join state
 #: format (2) and at its best (4: one store per join with column families, eviction by event time), and one StreamingUMJoin.
 FORMAT_RUNS = [  # (name, UMJoin on, the run's session settings)
@@ -233,7 +231,7 @@ def run_streaming_bench(sf: float, batches: int, out: Path, workloads: tuple[str
         _format_plots(out / f"{stem}.png", blocks)
         written.append(out / f"{stem}.md")
     if "enrichment" in workloads:
-        written.append(_enrichment_bench(sf, batches, out, checkpoints, settings))
+        written.append(_enrichment_bench(sf, batches, out, checkpoints, settings, repetitions))
     subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
     print("written: " + ", ".join(str(p) for p in written) + " (and .json, .png beside each)")
     return written
@@ -253,37 +251,50 @@ def _repeated_runs(workload: dict[str, Any], checkpoint: Path, settings: dict[st
     return runs
 
 
-def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, settings: dict[str, str]) -> Path:
-    """The enrichment chains (orders LEFT JOIN 5 and 10 side streams, and 5 on two keys): Spark's joins, UMJoin, and Flink 2.3 with MultiJoin
-    and with its binary joins where PyFlink is installed; writes streaming_enrichment_sf<sf>.md / .json / .png."""
+def _enrichment_bench(sf: float, batches: int, out: Path, checkpoints: Path, settings: dict[str, str], repetitions: int) -> Path:
+    """The enrichment chains (orders LEFT JOIN 5 and 10 side streams, and 5 on two keys) run as the TPC-H blocks are (Spark's joins at
+    state formats 2 and 4, UMJoin), and by Flink 2.3 with MultiJoin and with its binary joins where PyFlink is installed, each
+    `repetitions` times; writes streaming_enrichment_sf<sf>.md / .json / .png."""
     import importlib.util
 
     files = enrichment.stream_files(sf, batches)
     flink = importlib.util.find_spec("pyflink") is not None
     if not flink:
-        print("PyFlink is not installed (pip install -e '.[peers]'): the enrichment chains run without Flink's MultiJoin beside them")
+        print("PyFlink is not installed (pip install -e '.[peers]'): the enrichment chains run without Flink beside them")
     chains = []
     for label, sides in enrichment.CHAINS.items():
         expected_checks = enrichment.expected_checks(files, sides)
         expected = int(expected_checks[0])
-        workload = {"workload": "enrichment", "chain": label, "label": label, "sf": sf, "streams": str(files)}
-        runs = [_run_in_jvm({**workload, "umjoin": umjoin, "provider": ROCKSDB_PROVIDER, "driver_memory": "4g",
-                             "checkpoint": str(checkpoints / f"enrichment-{len(chains)}-{name}"), "settings": settings if umjoin else {}}, name)
-                for name, umjoin in ENRICHMENT_RUNS]
-        if flink:
-            for name, multi_join in (("flink-multijoin", True), ("flink-binary", False)):
-                runs.append(_flink_run(files, label, expected, multi_join, name))
-        spark_output, umjoin_output = runs[0]["output"], runs[1]["output"]
-        chains.append({"chain": label, "sql": enrichment.sql(sides), "expected_rows": expected,
-                       "checks": enrichment.checks(sides), "expected_checks": expected_checks,
-                       "same_output": None if spark_output is None or umjoin_output is None else outputs.equal(spark_output, umjoin_output),
-                       "runs": runs})
+        runs = _repeated_runs({"workload": "enrichment", "chain": label, "label": label, "sf": sf, "streams": str(files)},
+                              checkpoints / f"enrichment-{len(chains)}", settings, repetitions)
+        comparison = _comparison(runs)
+        # (Every run's output against DuckDB's count too: equal outputs could all miss rows.)
+        comparison["same_output"] = comparison["same_output"] and all(r["output_rows"] == expected for r in runs)
+        flink_runs = []
+        for repetition in range(repetitions if flink else 0):
+            peers = FLINK_RUNS[repetition % 2:] + FLINK_RUNS[:repetition % 2]
+            flink_runs += [{**_flink_run(files, label, expected, multi_join, name), "repetition": repetition} for name, multi_join in peers]
+        chains.append({"label": label, "sql": enrichment.sql(sides), "expected_rows": expected, "checks": enrichment.checks(sides),
+                       "expected_checks": expected_checks, "runs": runs, "flink_runs": flink_runs, **comparison})
     stem = f"streaming_enrichment_sf{sf:g}"
-    (out / f"{stem}.json").write_text(json.dumps({"sf": sf, "batches": batches, "state_partitions": STATE_PARTITIONS,
+    command = (f"python -m bench streaming --workload enrichment --sf {sf:g} --batches {batches} --repetitions {repetitions}"
+               + "".join(f" --conf {k}={v}" for k, v in settings.items()))
+    (out / f"{stem}.json").write_text(json.dumps({"command": command, "commit": commit(), "sf": sf, "batches": batches,
+                                                  "state_partitions": STATE_PARTITIONS, "repetitions": repetitions,
                                                   "umjoin_settings": settings, "chains": chains}, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(_enrichment_markdown(sf, batches, chains) + _settings_line(settings))
-    _enrichment_plots(out / f"{stem}.png", chains)
+    title = f"Streaming: enrichment chains of LEFT joins at TPC-H SF {sf:g} over {batches} event-time micro-batches"
+    described = ("One stream of orders LEFT JOINed with 5 and with 10 side streams keyed by the order (shipments of lines 1-7, "
+                 "deliveries of lines 1-3), each on the order key and a time window after the order, and with 5 on two keys (the "
+                 "fifth: the same customer's orders within 30 days, on the customer key) (`bench/enrichment.py`), watermarks of 1 "
+                 "day; every run's output rows also checked against the chain's result as DuckDB computes it from the same files")
+    (out / f"{stem}.md").write_text(_format_markdown(title, described, batches, repetitions, command, chains)
+                                    + _flink_markdown(chains) + _settings_line(settings))
+    _format_plots(out / f"{stem}.png", chains)
     return out / f"{stem}.md"
+
+
+#: Flink 2.3's runs of the enrichment chains: (name, MultiJoin on).
+FLINK_RUNS = [("flink-multijoin", True), ("flink-binary", False)]
 
 
 def _flink_run(files: Path, label: str, expected: int, multi_join: bool, name: str) -> dict[str, Any]:
@@ -302,85 +313,40 @@ def _flink_run(files: Path, label: str, expected: int, multi_join: bool, name: s
     return result
 
 
-def _enrichment_markdown(sf: float, batches: int, chains: list[dict[str, Any]]) -> str:
+def _flink_markdown(chains: list[dict[str, Any]]) -> str:
+    """The Flink runs' table, where there were any: not the same work as Spark's and UMJoin's runs (said in the table)."""
+    if not any(chain["flink_runs"] for chain in chains):
+        return ""
     lines = [
-        f"# Streaming: enrichment chains of LEFT joins at TPC-H SF {sf:g} over {batches} event-time micro-batches",
         "",
-        "One stream of orders LEFT JOINed with 5 and with 10 side streams keyed by the order (shipments of lines 1-7, "
-        "deliveries of lines 1-3), each on the order key and a time window after the order, and with 5 on two keys (the fifth: "
-        "the same customer's orders within 30 days, on the customer key) (`bench/enrichment.py`). "
-        f"Spark's chained stream-stream joins and UMJoin: local[2], {STATE_PARTITIONS} state partitions, RocksDB, 4g, "
-        "watermarks of 1 day; state rows, the state's exact bytes (every stored key and value as stored, read back from the "
-        "checkpoint after the run for each micro-batch) and what the state stores report (RocksDB's memory + SST files), each at "
-        "its highest over the micro-batches. "
-        "Flink 2.3 (PyFlink, local mini cluster, parallelism 2, RocksDB): its regular joins over the same rows as CSV, "
-        "with `table.optimizer.multi-join.enabled` (MultiJoin) and without (binary joins); state bytes from a canonical "
-        "savepoint once every row is in (its regular joins never evict), time until the result's count settled. "
-        "Expected rows: the chain's result, every order put out, as DuckDB computes it from the same files. "
-        f"Same output: Spark's and UMJoin's {outputs.COMPARED}, compared with each other, and their row counts with DuckDB's; "
-        "Flink's by its row count, each stream's matched rows and the sums of its numeric columns, against DuckDB's "
-        "(`enrichment.checks`: not a hash of every row; Flink's regular LEFT join retracts the padded rows it put out, so its "
-        "result is aggregated over the chain, and it has no xxhash64 to hash its rows as Spark does).",
+        "Flink 2.3 beside them (PyFlink, local mini cluster, parallelism 2, RocksDB), its regular joins over the same rows as CSV, "
+        "with `table.optimizer.multi-join.enabled` (MultiJoin) and without (binary joins). **Not the same work**: Flink runs "
+        "without checkpoints during the run and never evicts (regular joins keep every row; only a state TTL in processing time "
+        "would, which changes the answer on a replay), where Spark and UMJoin commit their state every micro-batch and evict by "
+        "watermark. Its output is checked by its row count, each stream's matched rows and the sums of its numeric columns "
+        "against DuckDB's (`enrichment.checks`: Flink's regular LEFT join retracts the padded rows it put out, so its result "
+        "is aggregated over the chain). Time: until the result's count settled, min / median / max.",
         "",
-        "| chain | run | plan | output rows (expected) | output hash | same output | time (s) | max state rows | "
-        "max state bytes, exact (Flink: savepoint) | max state memory + SST | peak RSS |",
-        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| chain | run | plan | output as DuckDB's | time (s) | state bytes: savepoint once every row is in (median) | "
+        "peak RSS (median) | UMJoin / this run: median time |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     for chain in chains:
-        for r in chain["runs"]:
-            label = chain["chain"]
-            if r["error"]:
-                lines.append(f"| {label} | {r['run']} | failed: {r['error'][:150]} | | | | | | | | |")
+        for name, _ in FLINK_RUNS:
+            group = [r for r in chain["flink_runs"] if r["run"] == name]
+            failed = [r["error"] for r in group if r["error"]]
+            if not group or failed:
+                lines.append(f"| {chain['label']} | {name} | failed: {'; '.join(failed)[:150]} | | | | | |")
                 continue
-            if r["run"].startswith("flink"):
-                plan = "MultiJoin" if r["multi_join_in_plan"] else "binary joins"
-                rows, exact, stores = "-", _mb(r["state_bytes"]), "-"
-            else:
-                plan = ("1 StreamingUMJoin + " if r["umjoin_in_plan"] else "") + f"{r['stream_stream_joins']} stream-stream joins"
-                rows, exact, stores = str(r["max_state_rows"]), _mb(r.get("max_state_data_bytes")), _mb(r["max_state_bytes"])
-            counted = "yes" if r["output_rows"] == chain["expected_rows"] else "NO"
-            if r["run"].startswith("flink"):
-                same = f"count and column sums: {'yes' if r['checks'] == chain['expected_checks'] else 'NO'}"
-            else:
-                same = "yes" if chain["same_output"] and counted == "yes" else "-" if chain["same_output"] is None else "NO"
-            lines.append(f"| {label} | {r['run']} | {plan} | {r['output_rows']} ({counted}) | {outputs.shown(r.get('output'))} | {same} | "
-                         f"{r['seconds']:.0f} | {rows} | {exact} | {stores} | {_mb(r['peak_rss_bytes'])} |")
-    lines += ["", "| chain | UMJoin / Spark: time | state rows | state bytes, exact | state memory + SST | peak RSS | "
-              "UMJoin / Flink MultiJoin: state bytes (exact / savepoint) | time |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for chain in chains:
-        runs = {r["run"]: r for r in chain["runs"] if not r["error"]}
-        spark, umjoin, multi = runs.get("spark-rocksdb"), runs.get("umjoin-rocksdb"), runs.get("flink-multijoin")
-
-        def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str, other: str | None = None) -> str:
-            return _ratio(a[key] / b[other or key]) if a and b and a.get(key) and b.get(other or key) else "-"
-        lines.append(f"| {chain['chain']} | {ratio(umjoin, spark, 'seconds')} | {ratio(umjoin, spark, 'max_state_rows')} | "
-                     f"{ratio(umjoin, spark, 'max_state_data_bytes')} | {ratio(umjoin, spark, 'max_state_bytes')} | "
-                     f"{ratio(umjoin, spark, 'peak_rss_bytes')} | {ratio(umjoin, multi, 'max_state_data_bytes', 'state_bytes')} | "
-                     f"{ratio(umjoin, multi, 'seconds')} |")
+            seconds = _spread([r["seconds"] for r in group])
+            umjoin = (chain["seconds"] or {}).get("umjoin")
+            same = all(r["checks"] == chain["expected_checks"] for r in group)
+            lines.append(f"| {chain['label']} | {name} | {'MultiJoin' if group[0]['multi_join_in_plan'] else 'binary joins'} | "
+                         f"{'yes' if same else 'NO'} | {seconds[0]:.0f} / {seconds[1]:.0f} / {seconds[2]:.0f} | "
+                         f"{_mb(statistics.median(r['state_bytes'] or 0 for r in group))} | "
+                         f"{_mb(statistics.median(r['peak_rss_bytes'] or 0 for r in group))} | "
+                         f"{_ratio(umjoin[1] / seconds[1]) if umjoin else '-'} |")
     return "\n".join(lines) + "\n"
-
-
-def _enrichment_plots(path: Path, chains: list[dict[str, Any]]) -> None:
-    plt = _pyplot()
-    if plt is None:
-        return
-    figure, axes = plt.subplots(1, 3, figsize=(17, 5))
-    measures = (("max state bytes, exact (Flink: savepoint) (MB)",
-                 lambda r: (r["state_bytes"] if r["run"].startswith("flink") else r.get("max_state_data_bytes")) or 0),
-                ("time (s)", lambda r: r["seconds"] or 0), ("peak RSS (MB)", lambda r: r["peak_rss_bytes"] or 0))
-    names = list(dict.fromkeys(r["run"] for c in chains for r in c["runs"]))
-    width = 0.8 / max(len(names), 1)
-    for ax, (title, value) in zip(axes, measures):
-        for k, name in enumerate(names):
-            values = [next((value(r) for r in c["runs"] if r["run"] == name), 0) for c in chains]
-            scale = 2**20 if "MB" in title else 1
-            ax.bar([x + k * width for x in range(len(chains))], [v / scale for v in values], width, label=name)
-        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(chains))], [c["chain"] for c in chains])
-        ax.set(title=title)
-        ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
 
 
 def _settings_line(settings: dict[str, str]) -> str:
