@@ -331,7 +331,7 @@ final class InputStateWriter(spec: InputStateSpec, rowStore: StoreSchema, primar
     GeneratedCode.projection(Seq(spec.partitionKey, sequenceAttribute, storedAtAttribute), numbered)
   private val listKey = GeneratedCode.projection(Seq(spec.partitionKey), numbered)
   // A listed value (the row as a struct, its sequence number, when it was stored) is written from
-  // the row's bytes: a projection of the struct read and wrote each field again (Q3: a fifth of
+  // the row's bytes: a projection of the struct read and wrote each field again (Q3: a third of
   // writing a row).
   private val listedValue = new UnsafeRowWriter(3, 128)
   private val indexValue =
