@@ -382,9 +382,6 @@ def _mb(value: Any) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}MB"
 
 
-def _durations(run: dict[str, Any]) -> list[float]:
-    return [b["duration_ms"] / 1000 for b in run["batches"]] or [0.0]
-
 
 def _ratio(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
