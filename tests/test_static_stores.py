@@ -338,13 +338,40 @@ def test_one_stream_joined_with_static_tables_keeps_only_the_stored_tables(spark
     assert loads == [1, 1, 1] and stream_rows == [0, 0, 0]
 
 
-def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark_planned_it(spark: SparkSession, tmp_path: Path) -> None:
-    """One stream with a table read every batch (spark.umjoin.staticTables=reread: Spark's stream-static join, no
-    state), then restarted to store it: the stores would have no version for the next batch, so the join stays as
-    Spark planned it (no stack trace), says so, and the output holds every row once."""
+#: How the first run of a checkpoint joins one stream with the table: Spark's stream-static join either way.
+FIRST_RUNS = {"reread": {"spark.umjoin.staticTables": "reread"}, "UMJoin off": {"spark.umjoin.enabled": "false"}}
+
+
+@pytest.mark.parametrize("first", list(FIRST_RUNS))
+def test_one_stream_with_a_table_stored_from_a_later_micro_batch_on_converts_there(spark: SparkSession, tmp_path: Path, first: str) -> None:
+    """One stream joined with a table as Spark's stream-static join (no state: the table read again every batch, or
+    UMJoin off), then restarted to store the table, on RocksDB: the restart's first micro-batch stays Spark's join
+    (Spark checks the checkpoint's operators then), its second converts with the stores starting empty at its version
+    and the table loaded into them, and a further restart goes on with UMJoin from its first micro-batch; the output
+    holds every row once."""
+    table, phases = _table_u_and_two_phases(tmp_path, random.Random(30))
+    # Run 2 reads two files of x (two micro-batches), run 3 one more.
+    runs = [(FIRST_RUNS[first], [phases[0]]), ({}, [phases[1][:5], phases[1][5:8]]), ({}, [phases[1][8:]])]
+    executed, batches = [], []
+    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
+        for settings, files in runs:
+            write_batches(tmp_path / "x", X_COLUMNS, files)
+            with temporary_conf(spark, settings):
+                query = _stored_and_broadcast_join(spark, tmp_path)
+            executed.append(executed_plan(query))
+            batches.append([p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0])
+        rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    assert rows == _expected_with_u(phases, table) and len(rows) > 0
+    assert batches == [[0], [1, 2], [3]], batches
+    assert ["StreamingUMJoin" in plan for plan in executed] == [False, True, True]
+
+
+def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark_planned_it_on_hdfs(spark: SparkSession, tmp_path: Path) -> None:
+    """The same on Spark's default state store (HDFS-backed, kept by the checkpoint), which cannot start a store at a
+    later version: the join stays as Spark planned it (no stack trace), says why, and the output holds every row once."""
     table, phases = _table_u_and_two_phases(tmp_path, random.Random(30))
     executed, reasons = [], []
-    with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
+    with temporary_conf(spark, SETTINGS):
         for p, mode in enumerate(["reread", "store"]):
             write_batches(tmp_path / "x", X_COLUMNS, [phases[p]])
             with temporary_conf(spark, {"spark.umjoin.staticTables": mode}):
@@ -354,7 +381,7 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert rows == _expected_with_u(phases, table) and len(rows) > 0
     assert ["StreamingUMJoin" in plan for plan in executed] == [False, False]
-    assert any("without UMJoin's state" in r for r in reasons[1]), reasons[1]
+    assert any("without UMJoin's state" in r and "HDFS-backed" in r for r in reasons[1]), reasons[1]
 
 
 def test_one_stream_with_a_stored_table_restarted_without_umjoin_is_refused_and_goes_on_with_it(spark: SparkSession, tmp_path: Path) -> None:

@@ -826,9 +826,11 @@ def test_a_join_umjoin_leaves_to_spark_keeps_sparks_operator_ids_so_its_checkpoi
     assert rows == sorted((x, y) for x in every["x"] for y in every["y"] if x == y) and len(rows) == 8
 
 
-def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_goes_on_with_sparks_joins_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_runs_its_first_micro_batch_with_sparks_joins_and_says_why(spark: SparkSession, tmp_path: Path) -> None:
     """Written with UMJoin off (or by a version that did not convert the join), the state is Spark's joins':
-    with UMJoin on they go on as they ran, every row once, and the reason is reported."""
+    restarted with UMJoin on, the run's first micro-batch (the only one here) runs them as they ran (Spark checks
+    the checkpoint's operators against its plan), every row once, and the reason is reported (the take-over in
+    the next micro-batch: tests/test_switch_over.py)."""
     keys = {name: [[1, 2], [1]] for name in "xyz"}
     for name, batches in keys.items():
         write_batches(tmp_path / name, f"{name}_k BIGINT", [[(k,) for k in batches[0]]])
@@ -843,7 +845,8 @@ def test_a_checkpoint_of_sparks_joins_restarted_with_umjoin_goes_on_with_sparks_
     every = {name: [k for batch in batches for k in batch] for name, batches in keys.items()}
     assert rows == sorted((x, y, z) for x in every["x"] for y in every["y"] for z in every["z"] if x == y == z)
     reasons = plans.unconverted_streaming_joins(spark, query)
-    assert any("holds the state of operator" in r and "written when its join ran on its own" in r for r in reasons), reasons
+    assert any("holds the state of operator" in r and "written when its join ran as Spark's join" in r
+               and "takes their state over in the next micro-batch" in r for r in reasons), reasons
 
 
 def test_umjoin_state_under_the_metadata_of_sparks_join_is_refused_with_the_fix(spark: SparkSession, tmp_path: Path) -> None:

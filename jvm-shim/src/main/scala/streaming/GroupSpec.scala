@@ -30,6 +30,8 @@ import umjoin.spark.core.cost.{ProbeOrderSettings, StaticCacheSettings}
  *                    partition holds at most this many (spark.umjoin.stateCacheRows)
  * @param staticCache what executors keep in memory of stored static tables
  *                    (spark.umjoin.staticCache)
+ * @param takeOver    the state of Spark's joins this micro-batch takes over, where the query ran
+ *                    them before (see [[SparkJoinTakeOver]])
  */
 final case class GroupSpec(
     inputLabels: Seq[String],
@@ -43,7 +45,8 @@ final case class GroupSpec(
     probeOrder: ProbeOrderSettings,
     stateTtlMs: Option[Long],
     stateCacheRows: Long,
-    staticCache: StaticCacheSettings) {
+    staticCache: StaticCacheSettings,
+    takeOver: Option[SparkJoinTakeOver] = None) {
 
   /** The non-preserved streams of the group's semi joins, lowest join first (the inputs' order). */
   def semiInputs: Seq[Int] = graphShape.filters.keys.toSeq.sorted

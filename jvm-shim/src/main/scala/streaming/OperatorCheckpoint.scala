@@ -12,7 +12,8 @@ import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata,
-  OperatorStateMetadataUtils, OperatorStateMetadataV1, OperatorStateMetadataV1Reader}
+  OperatorStateMetadataUtils, OperatorStateMetadataV1, OperatorStateMetadataV1Reader,
+  OperatorStateMetadataV2}
 
 import umjoin.spark.core.JoinGraph
 import umjoin.spark.core.probe.{Route, StoreIndex}
@@ -125,6 +126,58 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
     }
 
   /**
+   * Records the layout of a StreamingUMJoin that takes the state of Spark's joins over (their
+   * operator ids `replaced`), in place of any record an earlier try left. Until Spark's metadata
+   * of the operator names it ([[finishTakeOver]]), the record is a take-over's that may not have
+   * finished, which a restart runs again.
+   */
+  def recordTakeOver(layout: StreamingLayout, graph: JoinGraph, outputs: Seq[Seq[Attribute]],
+      labels: Seq[String], replaced: Seq[Long]): String = {
+    val text = compact(render(parse(toJson(layout, graph, outputs, labels)) merge
+      JObject(TakeOverField -> JArray(replaced.map(JInt(_)).toList))))
+    if (fs.exists(layoutFile)) fs.delete(layoutFile, false)
+    write(layoutFile, text)
+    text
+  }
+
+  /** Whether the layout record is a take-over's of Spark's joins' state. */
+  def takesOverSparkJoins: Boolean =
+    layoutRecord.toOption.flatten.exists(text => (parse(text) \ TakeOverField) != JNothing)
+
+  /**
+   * The last steps of a take-over of Spark's joins' state, once the StreamingUMJoin's stores hold
+   * it: Spark's metadata of the other joins removed (so Spark's restart check finds no operator
+   * the plan lacks), this operator's replaced by `metadata` (the take-over's commit: a restart now
+   * continues the StreamingUMJoin), then the joins' state moved out of the state directory to
+   * `<checkpoint>/umjoin/taken-over-<version>`, where nothing reads it. A restart between two
+   * steps either runs Spark's joins and takes over again, or continues the StreamingUMJoin.
+   */
+  def finishTakeOver(replaced: Seq[Long], metadata: OperatorStateMetadata): Path = {
+    val state = layoutFile.getParent.getParent
+    val operator = layoutFile.getParent
+    replaced.foreach(id => fs.delete(new Path(state, s"$id/_metadata"), true))
+    val away = new Path(state.getParent, s"umjoin/taken-over-${info.storeVersion}")
+    val own = new Path(away, info.operatorId.toString)
+    def moveAway(path: Path, to: Path): Unit = if (fs.exists(path)) {
+      fs.mkdirs(to.getParent)
+      fs.rename(path, to)
+    }
+    // Spark's join's own metadata of version 2 and state schema (formats 3 and 4).
+    moveAway(OperatorStateMetadataV2.metadataDirPath(operator), new Path(own, "_metadata/v2"))
+    moveAway(new Path(operator, "_stateSchema"), new Path(own, "_stateSchema"))
+    rewriteOperatorMetadata(metadata)
+    replaced.foreach(id => moveAway(new Path(state, id.toString), new Path(away, id.toString)))
+    for (partition <- fs.listStatus(operator).filter(_.isDirectory)
+         if partition.getPath.getName.toIntOption.isDefined;
+         store <- fs.listStatus(partition.getPath)
+         if store.isDirectory && store.getPath.getName != InputState.PartitionStoreName) {
+      val name = s"${partition.getPath.getName}/${store.getPath.getName}"
+      moveAway(store.getPath, new Path(own, name))
+    }
+    away
+  }
+
+  /**
    * The file recording the time slicing micro-batch `version` changed to (files are never
    * overwritten: not every file system can).
    */
@@ -191,6 +244,9 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
 
 object OperatorCheckpoint {
 
+  /** The layout record's field naming the operators of Spark's joins it took over. */
+  private val TakeOverField = "tookOverSparkJoins"
+
   /** A checkpoint file's text (the stream closed after reading). */
   private[streaming] def textOf(fs: FileSystem, path: Path): String = {
     val in = fs.open(path)
@@ -207,11 +263,32 @@ object OperatorCheckpoint {
     if (!fs.exists(state)) Map.empty
     else fs.listStatus(state).toSeq.filter(_.isDirectory)
       .flatMap(d => d.getPath.getName.toLongOption.map(_ -> d.getPath))
-      .filter { case (_, path) => fs.exists(OperatorStateMetadataV1.metadataFilePath(path)) }
-      .flatMap { case (id, path) =>
-        new OperatorStateMetadataV1Reader(path, hadoopConf).read()
-          .map(id -> _.operatorInfo.operatorName)
-      }.toMap
+      .flatMap { case (id, path) => operatorName(fs, path, hadoopConf).map(id -> _) }.toMap
+  }
+
+  /**
+   * The operator's name as Spark's metadata of it says: the file of metadata version 1 (Spark's
+   * joins of state formats 1 and 2, UMJoin's), else the newest of version 2 (formats 3 and 4: one
+   * per micro-batch that changed it, a version line then JSON).
+   */
+  private def operatorName(fs: FileSystem, operator: Path,
+      hadoopConf: Configuration): Option[String] = {
+    val v2 = OperatorStateMetadataV2.metadataDirPath(operator)
+    if (fs.exists(OperatorStateMetadataV1.metadataFilePath(operator))) {
+      new OperatorStateMetadataV1Reader(operator, hadoopConf).read()
+        .map(_.operatorInfo.operatorName)
+    } else if (fs.exists(v2)) {
+      fs.listStatus(v2).flatMap(f => f.getPath.getName.toLongOption.map(_ -> f.getPath))
+        .maxByOption(_._1).flatMap { case (_, file) =>
+          textOf(fs, file).linesIterator.drop(1).mkString("\n") match {
+            case "" => None
+            case json => parse(json) \ "operatorInfo" \ "operatorName" match {
+              case JString(name) => Some(name)
+              case _ => None
+            }
+          }
+        }
+    } else None
   }
 
   /**

@@ -11,7 +11,7 @@ import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec,
   NoPrefixKeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreConf, StateStoreId,
-  StateStoreProviderId, UnsafeRowPair}
+  StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.execution.umjoin.StoresClosedAtExit
 import org.apache.spark.sql.types.{LongType, StringType, StructField, StructType}
 import org.apache.spark.unsafe.types.UTF8String
@@ -149,6 +149,24 @@ private[streaming] final class PartitionStores(val layout: StoreLayout,
 }
 
 object PartitionStores {
+  /**
+   * Writes an empty version `info.storeVersion` of the one store of `partition`, where the operator
+   * starts in a checkpoint's later micro-batch with nothing to carry over (its stores hold static
+   * tables only, loaded again then). Spark's RocksDB provider opens a store empty at any version
+   * (`loadEmpty`, as Spark's offline repartitioning writes state); committed as a snapshot, so that
+   * the version loads without the changelogs of the versions before.
+   */
+  def startEmpty(info: StatefulOperatorStateInfo, partition: Int, conf: StateStoreConf,
+      hadoopConf: Configuration): Unit = {
+    val schema = PartitionStoreSchema
+    val id = StateStoreProviderId(StateStoreId(info.checkpointLocation, info.operatorId,
+      partition, schema.name), info.queryRunId)
+    val provider = StateStoreProvider.createAndInit(id, schema.keySchema, schema.valueSchema,
+      NoPrefixKeyStateEncoderSpec(schema.keySchema), true, conf, hadoopConf, false, None)
+    try provider.getStore(info.storeVersion - 1, None, true, true).commit()
+    finally provider.close()
+  }
+
   /** The default family of a partition's one store: a rows' store's name, and its rows. */
   val CountKey: StructType = StructType(Seq(StructField("key", StringType, nullable = false)))
   val CountValue: StructType = StructType(Seq(StructField("rows", LongType, nullable = false)))

@@ -10,7 +10,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.{Alias, And, Attribute, AttributeSet, Coalesce,
   EqualTo, ExprId, Expression, Literal, NamedExpression, Not, Or, PredicateHelper}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
-import org.apache.spark.sql.catalyst.plans.{FullOuter, LeftOuter, LeftSemi, RightOuter}
+import org.apache.spark.sql.catalyst.plans.{FullOuter, Inner, LeftOuter, LeftSemi, RightOuter}
 import org.apache.spark.sql.catalyst.plans.physical.IdentityBroadcastMode
 import org.apache.spark.sql.execution.{FileSourceScanExec, FilterExec, PlanLater, ProjectExec,
   SparkPlan}
@@ -21,6 +21,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOper
   WatermarkSupport}
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.
   StreamingSymmetricHashJoinHelper
+import org.apache.spark.sql.types.{StructField, StructType}
 
 import umjoin.spark.UMJoinConf
 import umjoin.spark.core.{FilterJoin, GroupSplitting, JoinGraph, OuterJoin, ResidualCondition}
@@ -66,12 +67,14 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
    * planned (see [[StreamingPlannerStrategy]]); each group converted comes with its root, its
    * inputs and how to build its StreamingUMJoin over them once planned. `operatorOf` gives a group
    * its state (by its members); `reserved` is the state of every join's operator id, which the
-   * groups' checkpoint is checked against on a run's first micro-batch (`firstOfRun`).
+   * groups' checkpoint is checked against on a run's first micro-batch (`firstOfRun`);
+   * `takeOverFormat`, the join state format of Spark's joins whose state the groups take over,
+   * where the checkpoint holds theirs.
    */
   def plannedGroups(tree: SparkPlan,
       operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo],
       reserved: Seq[StatefulOperatorStateInfo], firstOfRun: Boolean,
-      runId: java.util.UUID, inputWatermark: Option[Long])
+      runId: java.util.UUID, inputWatermark: Option[Long], takeOverFormat: Option[Int])
       : Seq[(SparkPlan, Seq[SparkPlan], Seq[SparkPlan] => SparkPlan)] = {
     val conf = UMJoinConf.from(session.sessionState.conf)
     def unconverted(message: String): Unit =
@@ -79,7 +82,7 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     val mismatched = mutable.Map[Long, String]()
     val accepted = new GroupSplitting[SparkPlan, StreamingGroupPlan](tsc, patterns.roleOf,
       g => conf.minInputsOf(timeSliced(g)), tryPlan(_, conf, inputWatermark,
-        operatorOf, firstOfRun, mismatched))
+        operatorOf, firstOfRun, mismatched, takeOverFormat))
       .acceptedGroups(tree, (root, reason) => unconverted("the join group under " +
         s"${describe(root)} stays as Spark planned it: $reason${cutBy(tree, root)}"))
     // A stream-stream join no member pattern admits (a full outer join, say) roots no group: say
@@ -187,12 +190,15 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
    * settings `conf`; `inputWatermark`, the one Spark's simulation gives the group's operator,
    * where known); its operator's state from `operatorOf`; the files of an earlier version checked
    * on the run's first micro-batch (`firstOfRun`). `mismatched` hears, per operator, why a
-   * checkpoint's recorded layout does not fit the group tried.
+   * checkpoint's recorded layout does not fit the group tried. With `takeOverFormat`, the
+   * checkpoint holds the state of Spark's joins (in that join state format), which the group
+   * takes over in this micro-batch unless it did earlier in the run.
    */
   private def tryPlan(group: MultiJoinGroup[SparkPlan], conf: UMJoinConf,
       inputWatermark: Option[Long],
       operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo], firstOfRun: Boolean,
-      mismatched: mutable.Map[Long, String]): Either[String, StreamingGroupPlan] = {
+      mismatched: mutable.Map[Long, String],
+      takeOverFormat: Option[Int]): Either[String, StreamingGroupPlan] = {
     val stateful = group.members.collect { case StreamJoin(j) => j }
     val unmarked = group.inputs.map(placeable)
     // Rows of this micro-batch's streams, by Spark's estimate (None: one of them is not estimated).
@@ -245,12 +251,19 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
     val resultInputs = outputs.flatten.filter(read.contains).distinct
     val stateInfo = operatorOf(group.members)
     val checkpoint = stateInfo.map(new OperatorCheckpoint(_, session.sessionState.newHadoopConf()))
-    // The layout record, read once per run (the operator keeps what it writes in the run).
-    val record = checkpoint.fold[Either[String, Option[String]]](Right(None)) { c =>
-      val records = StreamingRun.of(session, stateInfo.get.queryRunId).layoutRecords
-      Option(records.get(stateInfo.get.operatorId)).map(Right(_)).getOrElse(
-        c.layoutRecord.map { text => records.put(stateInfo.get.operatorId, text); text })
-    }
+    // The group takes Spark's joins' state over unless it did earlier in this run. The layout
+    // record, read once per run (the operator keeps what it writes in the run); not in a take-over
+    // (a record left by one that did not finish is written again).
+    val takesOver = takeOverFormat.filter(_ => stateInfo.exists(info =>
+      !StreamingRun.of(session, info.queryRunId).ranVersions.contains(info.operatorId)))
+    lazy val takeOver = takesOver.map(
+      takeOverOf(group, stateful, kinds, operatorOf, inputWatermark.isDefined, _))
+    val record = checkpoint.filter(_ => takesOver.isEmpty)
+      .fold[Either[String, Option[String]]](Right(None)) { c =>
+        val records = StreamingRun.of(session, stateInfo.get.queryRunId).layoutRecords
+        Option(records.get(stateInfo.get.operatorId)).map(Right(_)).getOrElse(
+          c.layoutRecord.map { text => records.put(stateInfo.get.operatorId, text); text })
+      }
     // A group without a stream-stream join has UMJoin state only if it ran as one before (the
     // checkpoint's choice then stays).
     val recorded = stateful.isEmpty && record.exists(_.isDefined)
@@ -268,11 +281,25 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
         "which Spark's stream-static joins do as well, without state" + rereadByAuto.getOrElse(""))
     }
     else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 &&
+        StoreLayout.forSession(session.sessionState.conf) == StoreLayout.Separate &&
         !(recorded && committedBefore(stateInfo.get, checkpoint.get)))
       Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1}" +
         " without UMJoin's state for it (its stores have no version " +
-        s"${stateInfo.get.storeVersion}); use a new checkpoint location to store its static tables")
+        s"${stateInfo.get.storeVersion}, and Spark's HDFS-backed state store, which the " +
+        "checkpoint keeps, cannot start one at a later version: RocksDB's can); use a new " +
+        "checkpoint location to store its static tables")
+    // Spark checks a restarted query's stateful operators against its checkpoint on the run's first
+    // micro-batch only, and refuses one with no state there: a group that starts its stores in
+    // this checkpoint (Spark's stream-static join kept none) starts them in the run's second.
+    else if (stateful.isEmpty && stateInfo.get.storeVersion > 0 && firstOfRun &&
+        !(recorded && committedBefore(stateInfo.get, checkpoint.get)))
+      Left(s"the query ran micro-batch ${stateInfo.get.storeVersion - 1}" +
+        " as Spark's stream-static join, without state; it converts from this run's next " +
+        "micro-batch on, its stores starting empty there (Spark checks a restarted query's " +
+        "stateful operators against the checkpoint in the run's first micro-batch, and refuses " +
+        "one the checkpoint has no state for)")
     else if (semiAndOuter.isLeft) Left(semiAndOuter.swap.toOption.get)
+    else if (takeOver.exists(_.isLeft)) Left(takeOver.get.swap.toOption.get)
     else if (lateFilters.isLeft) Left(lateFilters.swap.toOption.get)
     else if (outputWatermarkShift.isLeft) Left(outputWatermarkShift.swap.toOption.get)
     else JoinGraph.build(outputs, conjuncts, if (computed) resultInputs else group.root.output,
@@ -344,7 +371,8 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
               else conf.probeOrder.copy(policy = ProbeOrderPolicy.Fixed),
             stateTtlMs = conf.stateTtlMs,
             stateCacheRows = conf.stateCacheRows,
-            staticCache = conf.staticCache)
+            staticCache = conf.staticCache,
+            takeOver = takeOver.flatMap(_.toOption))
           val operator = StreamingUMJoinExec(
             output = if (!computed) group.root.output else resultInputs.map { a =>
               // An outer join pads its non-preserved input's columns with NULLs.
@@ -450,6 +478,44 @@ final class StreamingGroupPlanner(session: SparkSession, patterns: MemberPattern
           case Right(layout) => plannedWith(layout)
         }
       }
+    }
+  }
+
+  /**
+   * Where each of the group's inputs' rows are in the state of Spark's joins (its members), in
+   * join state format `format`, or why the group cannot take that state over: each input must be
+   * a side of one of the joins (no projection or filter between), the joins inner, the query
+   * without watermarks (`watermarked`: Spark's joins then evict nothing, so every input's rows are
+   * in the join it is a side of), the inputs streams.
+   */
+  private def takeOverOf(group: MultiJoinGroup[SparkPlan], joins: Seq[StreamJoin],
+      kinds: IndexedSeq[InputKind],
+      operatorOf: Seq[SparkPlan] => Option[StatefulOperatorStateInfo], watermarked: Boolean,
+      format: Int): Either[String, SparkJoinTakeOver] = {
+    def keySchema(keys: Seq[Expression]): StructType = StructType(keys.zipWithIndex.map {
+      case (k, i) => StructField(s"field$i", k.dataType, k.nullable)
+    })
+    val ids = joins.map(j => operatorOf(Seq(j.node)).get.operatorId)
+    val sides = group.inputs.map { input =>
+      joins.zip(ids).flatMap { case (j, id) =>
+        Seq((SparkJoinSide.Left, j.left, j.leftKeys), (SparkJoinSide.Right, j.right, j.rightKeys))
+          .collect { case (side, child, keys) if child eq input =>
+            SparkJoinInputState(id, side, keySchema(keys))
+          }
+      }
+    }
+    if (joins.exists(_.joinType != Inner)) {
+      Left(s"${describe(joins.find(_.joinType != Inner).get)}: UMJoin takes over the state " +
+        "of inner joins only, so far")
+    } else if (watermarked) {
+      Left("the query has watermarks: UMJoin takes over the state of joins that evict nothing " +
+        "only, so far")
+    } else if (kinds.exists(_ != InputKind.Stream)) {
+      Left("it joins static tables: UMJoin takes over the state of joins of streams only, so far")
+    } else sides.indexWhere(_.size != 1) match {
+      case -1 => Right(SparkJoinTakeOver(format, sides.map(_.head).toIndexedSeq, ids))
+      case i => Left(s"its input ${label(group.inputs(i))} is not a side of one of its joins " +
+        s"(a projection or filter between): its rows are not all in Spark's join state")
     }
   }
 

@@ -21,6 +21,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.
 import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution,
   StreamExecution}
 import org.apache.spark.sql.execution.umjoin.ActiveQueries
+import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
 
 import umjoin.spark.UMJoinConf
@@ -69,19 +70,27 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
           umjoinState.minOption.foreach(id =>
             throw StreamingGroupPlanner.umjoinStateUnread(ie.checkpointLocation, id))
           None
-        } else if (umjoinState.isEmpty && sparkJoinState.nonEmpty) {
-          // State that Spark's joins wrote: they go on as they ran.
-          if (firstOfRun) sparkJoinState.foreach(refuseEarlierUMJoinState(ie, _))
-          note(s"the joins of this query stay as Spark planned them: the checkpoint " +
-            s"${ie.checkpointLocation} holds the state of operator " +
-            s"${sparkJoinState.mkString(", ")}, written when its join ran on its own (as " +
-            "Spark's join): it goes on as it ran (a new checkpoint location runs the joins as " +
-            "a StreamingUMJoin)")
+        } else if (umjoinState.isEmpty && sparkJoinState.nonEmpty && firstOfRun) {
+          // State that Spark's joins wrote: they run the run's first micro-batch as they ran
+          // (Spark checks the checkpoint's operators against that micro-batch's plan); a group
+          // may take their state over in the next.
+          sparkJoinState.foreach(refuseEarlierUMJoinState(ie, _))
+          note(s"the joins of this query stay as Spark planned them in this run's first " +
+            s"micro-batch: the checkpoint ${ie.checkpointLocation} holds the state of operator " +
+            s"${sparkJoinState.mkString(", ")}, written when its join ran as Spark's join, and " +
+            "Spark checks a restarted query's operators against that micro-batch's plan; a " +
+            "StreamingUMJoin takes their state over in the next micro-batch where it can")
           None
+        } else if (umjoinState.isEmpty && sparkJoinState.nonEmpty) {
+          val takeOver = sparkJoinTakeOver(root, ie, operators)
+          takeOver.left.foreach(why => note(s"the joins of this query stay as Spark planned " +
+            s"them: a StreamingUMJoin cannot take their state in the checkpoint " +
+            s"${ie.checkpointLocation} over: $why"))
+          takeOver.toOption.flatMap(format => planGroups(root, ie, firstOfRun, Some(format)))
         } else if (leftToAdaptivePlanning(root)) {
           if (root.exists(_.isInstanceOf[Join])) note(StreamingGroupPlanner.AdaptiveStreamStatic)
           None
-        } else planGroups(root, ie, firstOfRun)
+        } else planGroups(root, ie, firstOfRun, None)
       }.map(r => Seq(planLater(r))).getOrElse(Nil)
     case _ => Nil
   }
@@ -104,12 +113,36 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
   private def refuseEarlierUMJoinState(ie: IncrementalExecution, operatorId: Long): Unit = {
     val info = StreamingPlannerStrategy.stateInfoOf(ie, operatorId)
     val checkpoint = new OperatorCheckpoint(info, session.sessionState.newHadoopConf())
-    if (checkpoint.hasUMJoinState) throw new IllegalStateException(checkpoint.refusal(
-      "a StreamingUMJoin's state written by an earlier version of UMJoin, which replaced " +
-        "Spark's joins after Spark had planned them (the checkpoint's metadata names Spark's " +
-        "join there); this version plans the joins itself and cannot continue that state. " +
-        "Finish the query with the UMJoin version that wrote it, or use a new checkpoint " +
-        "location"))
+    if (checkpoint.hasUMJoinState && !checkpoint.takesOverSparkJoins) {
+      throw new IllegalStateException(checkpoint.refusal(
+        "a StreamingUMJoin's state written by an earlier version of UMJoin, which replaced " +
+          "Spark's joins after Spark had planned them (the checkpoint's metadata names Spark's " +
+          "join there); this version plans the joins itself and cannot continue that state. " +
+          "Finish the query with the UMJoin version that wrote it, or use a new checkpoint " +
+          "location"))
+    }
+  }
+
+  /**
+   * The join state format of Spark's joins whose state a StreamingUMJoin may take over in this
+   * micro-batch (the checkpoint's `operators` hold theirs), or why none can: the state must be
+   * the joins' only, one operator per stream-stream join of the plan (so their ids are the ones
+   * the groups reserve), and on RocksDB (UMJoin's stores start at a later version there only).
+   */
+  private def sparkJoinTakeOver(root: LogicalPlan, ie: IncrementalExecution,
+      operators: Map[Long, String]): Either[String, Int] = {
+    val joins = root.collect { case j: Join if isStreamJoin(j) => j }.size
+    val sqlConf = ie.sparkSession.sessionState.conf
+    if (StoreLayout.forSession(sqlConf) == StoreLayout.Separate) {
+      Left("Spark's HDFS-backed state store, which the checkpoint keeps, cannot start " +
+        "UMJoin's stores at a later version (RocksDB's can: spark.sql.streaming.stateStore." +
+        s"providerClass=${StoreLayout.RocksDBProvider} with a new checkpoint location)")
+    } else if (operators.values.exists(_ != SparkJoinName) || operators.size != joins) {
+      Left(s"it holds the state of other operators than the plan's $joins stream-stream " +
+        s"joins (${operators.toSeq.sorted.map { case (id, name) => s"$id: $name" }
+          .mkString(", ")}); UMJoin takes over the state of queries whose only stateful " +
+        "operators are their stream-stream joins")
+    } else Right(sqlConf.getConf(SQLConf.STREAMING_JOIN_STATE_FORMAT_VERSION))
   }
 
   private def isStreamJoin(p: LogicalPlan): Boolean = p match {
@@ -178,8 +211,8 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
    * The plan with the groups of each join region (a tree of joins of streams and the projections
    * and filters between them) planned, or None when no group converts.
    */
-  private def planGroups(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean)
-      : Option[LogicalPlan] = {
+  private def planGroups(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean,
+      takeOverFormat: Option[Int]): Option[LogicalPlan] = {
     def startsRegion(l: LogicalPlan): Boolean = l match {
       case j: Join => isJoinOfAStream(j)
       case p: Project => startsRegion(p.child)
@@ -187,13 +220,31 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
       case _ => false
     }
     var converted = false
+    var reserved = 0
     val staticSlots = Iterator.from(0)
     def visit(l: LogicalPlan): LogicalPlan =
       if (startsRegion(l)) {
-        planRegion(l, ie, firstOfRun, staticSlots).map { r => converted = true; r }.getOrElse(l)
+        planRegion(l, ie, firstOfRun, staticSlots, takeOverFormat).map { case (r, ids) =>
+          converted = true
+          reserved += ids
+          r
+        }.getOrElse(l)
       } else l.mapChildren(visit)
     val rewritten = visit(root)
-    Option.when(converted)(rewritten)
+    // Spark's joins' state is taken over whole or not at all: a join left to Spark would get
+    // another operator id than its state's.
+    if (converted && takeOverFormat.isDefined && rewritten.exists {
+        case j: Join => isStreamJoin(j)
+        case _ => false
+      }) {
+      StreamingPlannerStrategy.giveBack(ie, reserved)
+      val run = StreamingRun.of(session, ie.runId)
+      val message = "the joins of this query stay as Spark planned them: a StreamingUMJoin " +
+        s"takes the state of Spark's joins in the checkpoint ${ie.checkpointLocation} over " +
+        "only where it replaces every stream-stream join of the query, and some stay Spark's"
+      if (run.firstNote(message)) logInfo(s"UMJoin: $message")
+      None
+    } else Option.when(converted)(rewritten)
   }
 
   /**
@@ -201,7 +252,7 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
    * stream with a static table in the micro-batch's plan order.
    */
   private def planRegion(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean,
-      staticSlots: Iterator[Int]): Option[LogicalPlan] = {
+      staticSlots: Iterator[Int], takeOverFormat: Option[Int]): Option[(LogicalPlan, Int)] = {
     val now = ie.offsetSeqMetadata.batchWatermarkMs
     val before = ie.prevOffsetSeqMetadata.map(_.batchWatermarkMs).getOrElse(0L)
     val logicalOf = new IdentityHashMap[SparkPlan, LogicalPlan]()
@@ -273,7 +324,7 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
         .orElse(members.collectFirst { case j: BaseJoinExec if ids.containsKey(j) => ids.get(j) })
     val marked = root.exists(_.isInstanceOf[EventTimeWatermark])
     val planned = groups.plannedGroups(tree, operatorOf, joins.map(ids.get), firstOfRun,
-      ie.runId, Option.when(marked)(now))
+      ie.runId, Option.when(marked)(now), takeOverFormat)
     if (planned.isEmpty) {
       StreamingPlannerStrategy.giveBack(ie, streamJoins.size)
       None
@@ -289,7 +340,7 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
             l.output)
         case None => l.mapChildren(rewrite)
       }
-      Some(rewrite(root))
+      Some((rewrite(root), streamJoins.size))
     }
   }
 }

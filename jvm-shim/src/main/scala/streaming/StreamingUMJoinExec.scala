@@ -15,8 +15,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOper
   StatefulOperatorStateInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state.{OperatorInfoV1, OperatorStateMetadata,
   OperatorStateMetadataV1, PrefixKeyScanStateEncoderSpec, StateSchemaCompatibilityChecker,
-  StateSchemaValidationResult, StateStore, StateStoreColFamilySchema, StateStoreId,
-  StateStoreMetadataV1}
+  StateSchemaValidationResult, StateStore, StateStoreColFamilySchema, StateStoreConf,
+  StateStoreId, StateStoreMetadataV1}
 import org.apache.spark.sql.types.{IntegerType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.execution.umjoin.StateStoreLocations
@@ -304,6 +304,16 @@ case class StreamingUMJoinExec(
       }
     }
     val placed = placedChildren(layout)
+    // A group of one stream and static tables keeps nothing a later micro-batch needs: where its
+    // stores miss this micro-batch's version (the batch before ran without UMJoin, or read the
+    // tables again), they start empty at it, and this micro-batch loads the tables.
+    if (info.storeVersion > 0 && !layout.stored.exists(layout.kinds(_) == InputKind.Stream) &&
+        !run.ranVersions.contains(info.operatorId) && !checkpoint.committedBefore) {
+      startEmpty(layout)
+    }
+    spec.takeOver.filter(_ => !run.ranVersions.contains(info.operatorId)).foreach { takeOver =>
+      takeOverSparkJoins(takeOver, layout, graph, outputs, checkpoint, run)
+    }
     // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
     if (Option(run.layoutRecords.get(info.operatorId)).forall(_.isEmpty)) {
       run.layoutRecords.put(info.operatorId,
@@ -466,6 +476,49 @@ case class StreamingUMJoinExec(
       }
     new ZippedInputsRDD[InternalRow, InternalRow](inputRdds ++ shuffled,
       (context, read) => task(job.stageCount - 1, context, read).results(), storesLoaded)
+  }
+
+  /**
+   * Takes the state of Spark's joins over, in this micro-batch of a query that ran them before
+   * (see [[SparkJoinTakeOver]]): their rows written into this operator's stores as the version
+   * this micro-batch reads, the layout recorded, then Spark's metadata of the joins replaced by
+   * this operator's (the take-over's last step: a restart before it runs Spark's joins again and
+   * takes over again) and their state moved out of the state directory.
+   */
+  private def takeOverSparkJoins(takeOver: SparkJoinTakeOver, layout: StreamingLayout,
+      graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]], checkpoint: OperatorCheckpoint,
+      run: StreamingRun): Unit = {
+    val info = getStateInfo
+    val start = System.nanoTime()
+    val rows = SparkJoinTakeOver.writeInto(sparkContext, takeOver, layout, graph, outputs, info,
+      StateStoreConf(conf), InputStateConf(conf), session.sessionState.newHadoopConf())
+    val replaced = takeOver.replaced(info.operatorId)
+    run.layoutRecords.put(info.operatorId,
+      Some(checkpoint.recordTakeOver(layout, graph, outputs, spec.inputLabels, replaced)))
+    val away = checkpoint.finishTakeOver(replaced, operatorStateMetadata(Nil))
+    logInfo(s"UMJoin: operator ${info.operatorId} took over the state of Spark's stream-stream " +
+      s"joins (operators ${takeOver.operators.mkString(", ")}, join state format " +
+      s"${takeOver.stateFormatVersion}) in micro-batch ${info.storeVersion}: $rows state rows " +
+      s"moved into its stores in ${(System.nanoTime() - start) / 1000000} ms; the joins' state " +
+      s"now is in $away")
+  }
+
+  /**
+   * Writes an empty version of every partition's one store at this micro-batch's version (the
+   * planner converts such a group in a later micro-batch only where the stores are RocksDB's: one
+   * per partition, its families created when opened).
+   */
+  private def startEmpty(layout: StreamingLayout): Unit = {
+    require(layout.stores.oneStorePerPartition,
+      s"UMJoin: stores of layout ${layout.stores.name} cannot start at a later version")
+    val info = getStateInfo
+    for (partition <- 0 until info.numPartitions) {
+      PartitionStores.startEmpty(info, partition, InputStateConf(conf).indexes,
+        sparkContext.hadoopConfiguration)
+    }
+    logInfo(s"UMJoin: the stores of operator ${info.operatorId} start empty at version " +
+      s"${info.storeVersion}: the micro-batch before ran without them (as Spark's stream-static " +
+      "join); its static tables are loaded in this one")
   }
 
   /**
