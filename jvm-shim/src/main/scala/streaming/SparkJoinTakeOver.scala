@@ -61,7 +61,8 @@ object SparkJoinTakeOver {
    * Input `input`'s rows as Spark's join keeps them in `partition`, at the version the
    * StreamingUMJoin's micro-batch `info` reads (what the micro-batch before committed), each a
    * copy. The join's store is opened read-only by Spark's own state manager (as Spark's state
-   * reader opens it), for whichever format wrote it, and released when the rows are read.
+   * reader opens it), for whichever format wrote it, and released once its rows are read (or when
+   * the task ends, whichever comes first).
    */
   def rows(takeOver: SparkJoinTakeOver, input: Int, output: Seq[Attribute],
       info: StatefulOperatorStateInfo, partition: Int, conf: StateStoreConf,
@@ -71,9 +72,17 @@ object SparkJoinTakeOver {
       DataTypeUtils.toAttributes(state.keySchema), Some(info.copy(operatorId = state.operatorId)),
       conf, hadoopConf, partition, None, None, takeOver.stateFormatVersion, None, false, None,
       new JoinStateManagerStoreGenerator(), None, true)
-    // Read whole before the store is released (a partition of one input: the take-over's once).
-    try manager.iterator.map(_.value.copy()).toArray.iterator
-    finally manager.abortIfNeeded()
+    var open = true
+    def release(): Unit = if (open) {
+      open = false
+      manager.abortIfNeeded()
+    }
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => release()))
+    val pairs = manager.iterator
+    new Iterator[UnsafeRow] {
+      override def hasNext: Boolean = open && (pairs.hasNext || { release(); false })
+      override def next(): UnsafeRow = pairs.next().value.copy()
+    }
   }
 
   /**
