@@ -150,11 +150,12 @@ private[streaming] final class PartitionStores(val layout: StoreLayout,
 
 object PartitionStores {
   /**
-   * Writes an empty version `info.storeVersion` of the one store of `partition`, where the operator
-   * starts in a checkpoint's later micro-batch with nothing to carry over (its stores hold static
-   * tables only, loaded again then). Spark's RocksDB provider opens a store empty at any version
-   * (`loadEmpty`, as Spark's offline repartitioning writes state); committed as a snapshot, so that
-   * the version loads without the changelogs of the versions before.
+   * Writes an empty version `info.storeVersion` of the one store of `partition`, where a
+   * StreamingUMJoin starts its stores in a checkpoint's later micro-batch: one of stored static
+   * tables only (loaded again then), or one taking Spark's joins' state over (written into the
+   * version after, [[SparkJoinTakeOver]]). Spark's RocksDB provider opens a store empty at any
+   * version (`loadEmpty`, as Spark's offline repartitioning writes state); committed as a
+   * snapshot, so that the version loads without the changelogs of the versions before.
    */
   def startEmpty(info: StatefulOperatorStateInfo, partition: Int, conf: StateStoreConf,
       hadoopConf: Configuration): Unit = {

@@ -311,9 +311,7 @@ case class StreamingUMJoinExec(
         !run.ranVersions.contains(info.operatorId) && !checkpoint.committedBefore) {
       startEmpty(layout)
     }
-    spec.takeOver.filter(_ => !run.ranVersions.contains(info.operatorId)).foreach { takeOver =>
-      takeOverSparkJoins(takeOver, layout, graph, outputs, checkpoint, run)
-    }
+    spec.takeOver.foreach(takeOverSparkJoins(_, layout, graph, outputs, checkpoint, run))
     // Recorded once per checkpoint; the run keeps the record for planning its next micro-batches.
     if (Option(run.layoutRecords.get(info.operatorId)).forall(_.isEmpty)) {
       run.layoutRecords.put(info.operatorId,
@@ -514,7 +512,7 @@ case class StreamingUMJoinExec(
     val info = getStateInfo
     for (partition <- 0 until info.numPartitions) {
       PartitionStores.startEmpty(info, partition, InputStateConf(conf).indexes,
-        sparkContext.hadoopConfiguration)
+        session.sessionState.newHadoopConf())
     }
     logInfo(s"UMJoin: the stores of operator ${info.operatorId} start empty at version " +
       s"${info.storeVersion}: the micro-batch before ran without them (as Spark's stream-static " +
