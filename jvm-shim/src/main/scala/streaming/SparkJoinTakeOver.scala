@@ -2,7 +2,8 @@ package umjoin.spark.streaming
 
 import org.apache.hadoop.conf.Configuration
 
-import org.apache.spark.{Partitioner, SparkContext, TaskContext}
+import org.apache.spark.{SparkContext, TaskContext}
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, BindReferences, UnsafeProjection,
   UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
@@ -15,21 +16,18 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
-import umjoin.spark.core.JoinGraph
+import umjoin.spark.core.{JoinGraph, ZippedInputsRDD}
 
-/** A side of one of Spark's stream-stream joins, as its state names it. */
+/** A side of one of Spark's stream-stream joins. */
 sealed trait SparkJoinSide {
-  def name: String
   private[streaming] def spark: StreamingSymmetricHashJoinHelper.JoinSide
 }
 
 object SparkJoinSide {
   case object Left extends SparkJoinSide {
-    override val name = "left"
     override private[streaming] def spark = StreamingSymmetricHashJoinHelper.LeftSide
   }
   case object Right extends SparkJoinSide {
-    override val name = "right"
     override private[streaming] def spark = StreamingSymmetricHashJoinHelper.RightSide
   }
 }
@@ -88,10 +86,11 @@ object SparkJoinTakeOver {
   /**
    * Writes every input's rows from Spark's joins' state into the StreamingUMJoin's stores, laid
    * out by `layout`, as the version micro-batch `info` reads; the count of rows written. A job of
-   * its own: each of Spark's partitions is read, its rows placed by the layout's partitioning (a
-   * row of Spark's join is in the partition of that join's key, the layout's may be another key),
-   * and each partition's stores start empty at the version before (RocksDB's `loadEmpty`) and
-   * are committed with the rows as `info.storeVersion`.
+   * its own: each of Spark's partitions is read, its rows shipped as stages ship combinations
+   * ([[ComboShuffle]]) to the partition the layout's partitioning places them in (a row of Spark's
+   * join is in the partition of that join's key, the layout's may be another key), and each
+   * partition's stores start empty at the version before (RocksDB's `loadEmpty`) and are
+   * committed with the rows as `info.storeVersion`.
    */
   def writeInto(sc: SparkContext, takeOver: SparkJoinTakeOver, layout: StreamingLayout,
       graph: JoinGraph, outputs: IndexedSeq[Seq[Attribute]], info: StatefulOperatorStateInfo,
@@ -111,32 +110,28 @@ object SparkJoinTakeOver {
     val before = info.copy(storeVersion = info.storeVersion - 1)
     val nowMs = System.currentTimeMillis()
     val written = sc.longAccumulator("UMJoin: rows taken over from Spark's joins")
-    sc.parallelize(0 until partitions, partitions).mapPartitions(_.flatMap { p =>
-      outputs.indices.iterator.flatMap { j =>
+    val placed = outputs.indices.map { j =>
+      ComboShuffle(sc.parallelize(0 until partitions, partitions).mapPartitions(_.flatMap { p =>
         val place = UnsafeProjection.create(Seq(places(j)))
         rows(takeOver, j, outputs(j), info, p, storeConf, conf.value)
-          .map(row => (place(row).getInt(0), (j, row)))
-      }
-    }).partitionBy(new PlacedPartitioner(partitions)).foreachPartition { placed =>
-      val context = TaskContext.get()
+          .map(row => (place(row).getInt(0), row: InternalRow))
+      }), partitions, sc, outputs(j).size)
+    }
+    new ZippedInputsRDD[InternalRow, Unit](placed, { (context, read) =>
       val partition = context.partitionId()
       PartitionStores.startEmpty(before, partition, confs.indexes, conf.value)
       val partitionStores =
         new PartitionStores(stores, before, partition, confs, conf.value, context)
-      val writers = specs.map { case (j, spec) =>
-        j -> InputState.write(spec, partitionStores, confs, _ => true)
-      }
-      placed.foreach { case (_, (j, row)) =>
-        writers(j).put(row, nowMs)
-        written.add(1)
+      specs.foreach { case (j, spec) =>
+        val writer = InputState.write(spec, partitionStores, confs, _ => true)
+        read(j).foreach { row =>
+          writer.put(row, nowMs)
+          written.add(1)
+        }
       }
       partitionStores.commit()
-    }
+      Iterator.empty
+    }).foreach(_ => ())
     written.value
-  }
-
-  /** Rows keyed by the partition the layout places them in. */
-  private final class PlacedPartitioner(override val numPartitions: Int) extends Partitioner {
-    override def getPartition(key: Any): Int = key.asInstanceOf[Int]
   }
 }

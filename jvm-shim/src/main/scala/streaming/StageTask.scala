@@ -380,15 +380,16 @@ private[streaming] object StageTask {
 }
 
 /**
- * The shuffle of partial combinations between two stages: each row goes to the partition it is
- * addressed to.
+ * The shuffle of partial combinations between two stages (rows of `fields` fields: 2, a tag and
+ * the combination), or of any rows of one width: each row goes to the partition it is addressed
+ * to.
  */
 object ComboShuffle {
-  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int,
-      sc: SparkContext): RDD[InternalRow] = {
+  def apply(mapSide: RDD[(Int, InternalRow)], partitions: Int, sc: SparkContext,
+      fields: Int = 2): RDD[InternalRow] = {
     val writeMetrics = SQLShuffleWriteMetricsReporter.createShuffleWriteMetrics(sc)
     val dependency = new ShuffleDependency[Int, InternalRow, InternalRow](mapSide,
-      new AddressedPartitioner(partitions), new UnsafeRowSerializer(2),
+      new AddressedPartitioner(partitions), new UnsafeRowSerializer(fields),
       shuffleWriterProcessor = ShuffleExchangeExec.createShuffleWriteProcessor(writeMetrics))
     new ShuffledRowRDD(dependency, SQLShuffleReadMetricsReporter.createShuffleReadMetrics(sc))
   }
