@@ -384,23 +384,26 @@ def test_one_stream_with_static_tables_whose_state_missed_batches_stays_as_spark
     assert any("without UMJoin's state" in r and "HDFS-backed" in r for r in reasons[1]), reasons[1]
 
 
-def test_one_stream_with_a_stored_table_restarted_without_umjoin_is_refused_and_goes_on_with_it(spark: SparkSession, tmp_path: Path) -> None:
+def test_one_stream_with_a_stored_table_restarted_without_umjoin_switches_back_to_sparks_join(spark: SparkSession, tmp_path: Path) -> None:
     """A StreamingUMJoin of one stream and a stored table is a stateful operator in the checkpoint's metadata, as
-    Spark's own are: restarted with UMJoin off (Spark's restart check refuses a removed stateful operator) it is
-    refused with the fix, and the checkpoint goes on with UMJoin on, every row once."""
-    table, phases = _table_u_and_two_phases(tmp_path, random.Random(31))
+    Spark's own are (Spark's restart check refuses one the plan lacks): restarted with UMJoin off, the run's first
+    micro-batch continues it, and from the second Spark's stream-static join (which keeps no state) runs in its
+    place, the StreamingUMJoin's state moved away; a further restart runs Spark's join from its first micro-batch.
+    Every row once."""
+    table, _ = _table_u_and_two_phases(tmp_path, random.Random(31))
+    rng = random.Random(32)
+    phases = [[(rng.choice([None, *range(8)]), rng.randrange(6)) for _ in range(10)] for _ in range(4)]
+    executed = []
     with temporary_conf(spark, {**SETTINGS, **ROCKSDB}):
-        write_batches(tmp_path / "x", X_COLUMNS, [phases[0]])
-        assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
-        write_batches(tmp_path / "x", X_COLUMNS, [phases[1]])
-        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-            with pytest.raises(Exception) as failure:
-                _stored_and_broadcast_join(spark, tmp_path)
-        assert "holds StreamingUMJoin state for operator 1000000" in str(failure.value)
-        assert "Restart with the settings the checkpoint was written with" in str(failure.value)
-        assert "StreamingUMJoin" in executed_plan(_stored_and_broadcast_join(spark, tmp_path))
+        for run, (batches, on) in enumerate([(phases[:1], True), (phases[1:3], False), (phases[3:], False)]):
+            write_batches(tmp_path / "x", X_COLUMNS, batches)
+            with temporary_conf(spark, {"spark.umjoin.enabled": str(on).lower()}):
+                executed.append(executed_plan(_stored_and_broadcast_join(spark, tmp_path)))
         rows = sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     assert rows == _expected_with_u(phases, table) and len(rows) > 0
+    assert ["StreamingUMJoin" in plan for plan in executed] == [True, False, False]
+    assert [p.name for p in (tmp_path / "ck" / "umjoin").iterdir()] == ["taken-back-2"]
+    assert not (tmp_path / "ck" / "state" / "1000000" / "_metadata").exists()
 
 
 def _table_u_and_two_phases(tmp_path: Path, rng: random.Random) -> tuple[list[tuple[int | None, int]], list[list[tuple[int | None, int]]]]:

@@ -789,8 +789,9 @@ def _run_star_to_files(spark: SparkSession, directory: Path) -> StreamingQuery:
     return query
 
 
-def test_a_checkpoint_of_a_streaming_umjoin_restarted_without_umjoin_is_refused_clearly(spark: SparkSession, tmp_path: Path) -> None:
-    """A checkpoint keeps the state layout it was written with: Spark's joins cannot read a StreamingUMJoin's state."""
+def test_a_checkpoint_of_a_streaming_umjoin_on_hdfs_stores_restarted_without_umjoin_is_refused_clearly(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's joins take a StreamingUMJoin's state back on RocksDB only (Spark's HDFS-backed store cannot start a
+    store at a later version): on Spark's default store, a restart with UMJoin off is refused with the reason."""
     for name in "xyz":
         write_batches(tmp_path / name, f"{name}_k BIGINT", [[(1,), (2,)]])
     _run_star_to_files(spark, tmp_path)
@@ -799,7 +800,9 @@ def test_a_checkpoint_of_a_streaming_umjoin_restarted_without_umjoin_is_refused_
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
         with pytest.raises(Exception) as failure:
             _run_star_to_files(spark, tmp_path)
-    assert "holds StreamingUMJoin state for operator" in str(failure.value)
+    assert "holds StreamingUMJoin state for operator 0" in str(failure.value)
+    assert "HDFS-backed state store" in str(failure.value)
+    assert "Restart with spark.umjoin.enabled=true" in str(failure.value)
 
 
 def test_a_join_umjoin_leaves_to_spark_keeps_sparks_operator_ids_so_its_checkpoint_restarts_without_umjoin(spark: SparkSession, tmp_path: Path) -> None:

@@ -53,42 +53,67 @@ def write_runs(directory: Path, drawn: dict[str, list[list[tuple[int | None, ...
 RUNS = [(0, 2), (2, 5), (5, 6)]
 
 
-def run_in_three(spark: SparkSession, tmp_path: Path, drawn: dict[str, list[list[tuple[int | None, ...]]]],
-                 watermark: bool = False) -> tuple[dict, dict, list[StreamingQuery]]:
-    """The chain with Spark's joins throughout, and in the three RUNS (UMJoin off, then on twice): each one's
-    rows by micro-batch, and the three runs' queries."""
+def run_in(spark: SparkSession, tmp_path: Path, drawn: dict[str, list[list[tuple[int | None, ...]]]],
+           runs: list[tuple[int, int, bool]], watermark: bool = False
+           ) -> tuple[dict, dict, StreamingQuery, list[StreamingQuery]]:
+    """The chain with Spark's joins throughout (its rows by micro-batch and its query), and in `runs` (first and
+    last micro-batch, whether UMJoin is on) from one checkpoint: their rows by micro-batch, and their queries."""
     with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
-        write_runs(tmp_path / "all", drawn, 0, RUNS[-1][1])
-        _, expected = run_by_batch(chain(spark, tmp_path / "all", watermark), tmp_path / "ck-spark")
+        write_runs(tmp_path / "all", drawn, 0, runs[-1][1])
+        reference, expected = run_by_batch(chain(spark, tmp_path / "all", watermark), tmp_path / "ck-spark")
     emitted: dict = {}
     queries = []
-    for run, (start, end) in enumerate(RUNS):
+    for start, end, on in runs:
         write_runs(tmp_path / "in", drawn, start, end)
-        with temporary_conf(spark, {"spark.umjoin.enabled": str(run > 0).lower()}):
+        with temporary_conf(spark, {"spark.umjoin.enabled": str(on).lower()}):
             query, emitted = run_by_batch(chain(spark, tmp_path / "in", watermark), tmp_path / "ck", emitted)
         queries.append(query)
+    return expected, emitted, reference, queries
+
+
+def run_in_three(spark: SparkSession, tmp_path: Path, drawn: dict[str, list[list[tuple[int | None, ...]]]],
+                 watermark: bool = False) -> tuple[dict, dict, list[StreamingQuery]]:
+    """The chain with Spark's joins throughout, and in the three RUNS (UMJoin off, then on twice)."""
+    expected, emitted, _, queries = run_in(
+        spark, tmp_path, drawn, [(start, end, run > 0) for run, (start, end) in enumerate(RUNS)], watermark)
     return expected, emitted, queries
 
 
+#: There and back: Spark's joins (2 micro-batches); UMJoin on (3: Spark's joins, the take-over, a StreamingUMJoin);
+#: UMJoin off (3: the StreamingUMJoin, the take-back, Spark's joins); UMJoin off again (1: Spark's joins).
+ROUND_TRIP = [(0, 2, False), (2, 5, True), (5, 8, False), (8, 9, False)]
+
+
+def join_state(spark: SparkSession, checkpoint: Path) -> dict[tuple[int, str], list[tuple]]:
+    """Each of Spark's two joins' sides as Spark's own state reader reads them from the checkpoint: the rows, sorted."""
+    return {(operator, side): sorted((tuple(r) for r in spark.read.format("statestore")
+                                      .option("operatorId", operator).option("joinSide", side)
+                                      .load(str(checkpoint)).drop("partition_id").collect()), key=repr)
+            for operator in (0, 1) for side in ("left", "right")}
+
+
 @pytest.mark.parametrize("state_format", ["2", "3", "4"])
-def test_an_inner_chain_that_ran_sparks_joins_switches_over_on_restart_micro_batch_by_micro_batch_like_spark(
+def test_an_inner_chain_switches_over_to_umjoin_on_restart_and_back_with_its_state_micro_batch_by_micro_batch_like_spark(
         spark: SparkSession, tmp_path: Path, state_format: str) -> None:
-    drawn = draw(random.Random(int(state_format)), RUNS[-1][1])
+    drawn = draw(random.Random(int(state_format)), ROUND_TRIP[-1][1])
     settings = {**ROCKSDB, "spark.sql.streaming.join.stateFormatVersion": state_format, "spark.sql.shuffle.partitions": "3"}
     with temporary_conf(spark, settings):
-        expected, emitted, queries = run_in_three(spark, tmp_path, drawn)
+        expected, emitted, _, queries = run_in(spark, tmp_path, drawn, ROUND_TRIP)
     executed = [executed_plan(q) for q in queries]
     assert emitted == expected and len(expected) > 0
-    assert ["StreamingUMJoin" in p for p in executed] == [False, True, True]
-    assert ["StreamingSymmetricHashJoin" in p for p in executed] == [True, False, False]
-    # Every input's rows with non-NULL keys are in UMJoin's stores at the end (Spark's inner joins keep
+    assert ["StreamingUMJoin" in p for p in executed] == [False, True, False, False]
+    assert ["StreamingSymmetricHashJoin" in p for p in executed] == [True, False, True, True]
+    # After the switch over, every input's rows with non-NULL keys are in UMJoin's stores (Spark's inner joins keep
     # no row with a NULL key), those of the micro-batches before the switch carried over.
-    kept = [sum(1 for batch in drawn[n] for row in batch if None not in row[:-1]) for n in "abc"]
-    last = queries[-1].recentProgress[-1]["stateOperators"][0]["customMetrics"]
-    assert [last[f"stateRowsInput{i}"] for i in range(3)] == kept
-    assert umjoin_metric(queries[-1], "stateRowsInput0") > 0
-    # Spark's second join's state left the state directory; UMJoin's operator kept the first's id.
-    assert sorted(p.name for p in (tmp_path / "ck" / "state").iterdir()) == ["0"]
+    kept = [sum(1 for batch in drawn[n][:ROUND_TRIP[1][1]] for row in batch if None not in row[:-1]) for n in "abc"]
+    umjoin = queries[1].recentProgress[-1]["stateOperators"][0]["customMetrics"]
+    assert [umjoin[f"stateRowsInput{i}"] for i in range(3)] == kept
+    assert umjoin_metric(queries[1], "stateRowsInput0") > 0
+    # After the switch back, Spark's joins hold what they hold without UMJoin, as Spark's state reader reads them.
+    held = join_state(spark, tmp_path / "ck")
+    assert held == join_state(spark, tmp_path / "ck-spark") and all(held.values())
+    assert sorted(p.name for p in (tmp_path / "ck" / "state").iterdir()) == ["0", "1"]
+    assert sorted(p.name for p in (tmp_path / "ck" / "umjoin").iterdir()) == ["taken-back-6", "taken-over-3"]
 
 
 #: Where UMJoin does not take Spark's joins' state over yet: the settings, whether a watermark, the reason.
@@ -154,3 +179,30 @@ def test_a_switch_over_micro_batch_that_fails_after_the_take_over_runs_again_fro
             rows_by_batch.setdefault(b, []).append(row)
     assert ({b: sorted(r, key=nulls_first) for b, r in rows_by_batch.items()}
             == {b: sorted(r, key=nulls_first) for b, r in expected_by_batch.items()})
+
+
+def test_a_chain_umjoin_ran_with_a_watermark_restarted_with_umjoin_off_is_refused_with_the_reason_and_the_fix(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's joins do not take the state of a StreamingUMJoin with watermarks back yet: the restart with UMJoin off
+    fails on its first micro-batch, before anything is written, saying why and what to do; UMJoin on goes on."""
+    drawn = {"a": [[(1, 1), (2, 1)], [(1, 2)]], "b": [[(1, 1, 0)], [(2, 1, 1)]], "c": [[(1, 0)], [(1, 1)]]}
+    with temporary_conf(spark, {**ROCKSDB, "spark.sql.shuffle.partitions": "3"}):
+        write_runs(tmp_path / "in", drawn, 0, 1)
+        query, emitted = run_by_batch(chain(spark, tmp_path / "in", watermark=True), tmp_path / "ck")
+        assert "StreamingUMJoin" in executed_plan(query)
+        write_runs(tmp_path / "in", drawn, 1, 2)
+        with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
+            with pytest.raises(Exception) as failure:
+                run_by_batch(chain(spark, tmp_path / "in", watermark=True), tmp_path / "ck")
+        message = str(failure.value)
+        assert "holds StreamingUMJoin state for operator 0" in message
+        assert "cannot take that state back: the query has watermarks" in message
+        assert "Restart with spark.umjoin.enabled=true" in message
+        assert not (tmp_path / "ck" / "umjoin").exists()
+        query, emitted = run_by_batch(chain(spark, tmp_path / "in", watermark=True), tmp_path / "ck", emitted)
+        assert "StreamingUMJoin" in executed_plan(query)
+    # a (1, 1), (2, 1) and (1, 2), b (1, 1, 0) and (2, 1, 1), c (1, 0) and (1, 1): every a-b-c triple once.
+    assert all(len(batches) == 1 for batches in emitted.values())
+    assert sorted(row[:2] + row[3:] for row in emitted) == sorted(
+        (a_k, a_v, b_k, 1, b_v, 1, c_v) for a_k, a_v, b_k, b_v in [(1, 1, 1, 0), (1, 2, 1, 0), (2, 1, 2, 1)]
+        for c_v in (0, 1))

@@ -158,10 +158,6 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
     replaced.foreach(id => fs.delete(new Path(state, s"$id/_metadata"), true))
     val away = new Path(state.getParent, s"umjoin/taken-over-${info.storeVersion}")
     val own = new Path(away, info.operatorId.toString)
-    def moveAway(path: Path, to: Path): Unit = if (fs.exists(path)) {
-      fs.mkdirs(to.getParent)
-      fs.rename(path, to)
-    }
     // Spark's join's own metadata of version 2 and state schema (formats 3 and 4).
     moveAway(OperatorStateMetadataV2.metadataDirPath(operator), new Path(own, "_metadata/v2"))
     moveAway(new Path(operator, "_stateSchema"), new Path(own, "_stateSchema"))
@@ -175,6 +171,71 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
       moveAway(store.getPath, new Path(own, name))
     }
     away
+  }
+
+  /**
+   * Marks the layout record as one whose state Spark's joins are taking back (the take-back's
+   * first step: a record so marked is not refused as an earlier UMJoin version's when the
+   * checkpoint's metadata already names Spark's join, a take-back a restart interrupted).
+   */
+  def markTakeBack(): Unit = if (!takenBack) {
+    val text = compact(render(parse(textOf(layoutFile)) merge
+      JObject(TakeBackField -> JInt(info.storeVersion))))
+    fs.delete(layoutFile, false)
+    write(layoutFile, text)
+  }
+
+  /** Whether the layout record is one whose state Spark's joins took (or are taking) back. */
+  def takenBack: Boolean =
+    layoutRecord.toOption.flatten.exists(text => (parse(text) \ TakeBackField) != JNothing)
+
+  /** Where a take-back in this micro-batch moves the StreamingUMJoin's files. */
+  def awayForTakeBack(): Path = new Path(layoutFile.getParent.getParent.getParent,
+    s"umjoin/taken-back-${info.storeVersion}/${info.operatorId}")
+
+  /**
+   * The StreamingUMJoin's state schema moved to `away` (before Spark's join writes its own there,
+   * which Spark would check against the StreamingUMJoin's).
+   */
+  def moveSchemaAway(away: Path): Unit =
+    moveAway(new Path(layoutFile.getParent, "_stateSchema"), new Path(away, "_stateSchema"))
+
+  /**
+   * The StreamingUMJoin's metadata file (version 1) moved to `away`, once Spark's join wrote its
+   * own of version 2 (join state formats 3 and 4) beside it.
+   */
+  def moveMetadataV1Away(away: Path): Unit =
+    moveAway(OperatorStateMetadataV1.metadataFilePath(layoutFile.getParent),
+      new Path(away, "_metadata/metadata"))
+
+  /**
+   * All of the StreamingUMJoin's metadata moved to `away`: where Spark's joins keep no state (a
+   * stream joined with static tables), the take-back's commit point.
+   */
+  def moveMetadataAway(away: Path): Unit =
+    moveAway(new Path(layoutFile.getParent, "_metadata"), new Path(away, "_metadata"))
+
+  /**
+   * The take-back's last step: the StreamingUMJoin's stores, layout record and time slicing
+   * records moved to `away`, where nothing reads them.
+   */
+  def moveStoresAway(away: Path): Unit = {
+    val operator = layoutFile.getParent
+    for (file <- fs.listStatus(operator) if file.getPath.getName.startsWith("_umjoin_")) {
+      moveAway(file.getPath, new Path(away, file.getPath.getName))
+    }
+    for (partition <- fs.listStatus(operator).filter(_.isDirectory)
+         if partition.getPath.getName.toIntOption.isDefined;
+         store <- fs.listStatus(partition.getPath)
+         if store.isDirectory && store.getPath.getName == InputState.PartitionStoreName) {
+      moveAway(store.getPath, new Path(away, s"${partition.getPath.getName}/${store.getPath
+        .getName}"))
+    }
+  }
+
+  private def moveAway(path: Path, to: Path): Unit = if (fs.exists(path)) {
+    fs.mkdirs(to.getParent)
+    fs.rename(path, to)
   }
 
   /**
@@ -246,6 +307,8 @@ object OperatorCheckpoint {
 
   /** The layout record's field naming the operators of Spark's joins it took over. */
   private val TakeOverField = "tookOverSparkJoins"
+  /** The layout record's field naming the micro-batch in which Spark's joins took it back. */
+  private val TakeBackField = "takenBackBySparkJoins"
 
   /** A checkpoint file's text (the stream closed after reading). */
   private[streaming] def textOf(fs: FileSystem, path: Path): String = {

@@ -57,6 +57,8 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
 
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case planned: PlannedStreamingGroup => Seq(planned.physical)
+    case SparkJoinsTakingBack(region, id, stateLocation, batchId) =>
+      Seq(SparkJoinTakeBackExec(region, id, stateLocation, batchId, planLater(region)))
     case ReturnAnswer(root) if root.isStreaming && root.exists(isJoinOfAStream) =>
       currentExecution.flatMap { ie =>
         val run = StreamingRun.of(session, ie.runId)
@@ -66,10 +68,19 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
         val umjoinState = operators.collect { case (id, UMJoinName) => id }
         val sparkJoinState = operators.collect { case (id, SparkJoinName) => id }.toSeq.sorted
         if (!UMJoinConf.from(session.sessionState.conf).enabled) {
-          // Spark's own restart check would fail first, naming operators only.
-          umjoinState.minOption.foreach(id =>
-            throw StreamingGroupPlanner.umjoinStateUnread(ie.checkpointLocation, id))
-          None
+          umjoinState.headOption.map { id =>
+            SparkJoinTakeBack.refusal(root, operators, session.sessionState.conf).foreach(why =>
+              throw SparkJoinTakeBack.cannotTakeBack(ie.checkpointLocation, id, why))
+            if (firstOfRun) {
+              // Spark checks a restarted query's operators against this micro-batch's plan.
+              note(s"UMJoin is off, and this run's first micro-batch continues the " +
+                s"StreamingUMJoin of operator $id whose state the checkpoint " +
+                s"${ie.checkpointLocation} holds (Spark checks a restarted query's operators " +
+                "against that micro-batch's plan); Spark's joins take its state back in the next")
+              planGroups(root, ie, firstOfRun, None).getOrElse(
+                throw StreamingGroupPlanner.umjoinStateUnread(ie.checkpointLocation, id))
+            } else SparkJoinTakeBack.marked(root, id, ie.checkpointLocation, ie.currentBatchId)
+          }
         } else if (umjoinState.isEmpty && sparkJoinState.nonEmpty && firstOfRun) {
           // State that Spark's joins wrote: they run the run's first micro-batch as they ran
           // (Spark checks the checkpoint's operators against that micro-batch's plan); a group
@@ -113,7 +124,7 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
   private def refuseEarlierUMJoinState(ie: IncrementalExecution, operatorId: Long): Unit = {
     val info = StreamingPlannerStrategy.stateInfoOf(ie, operatorId)
     val checkpoint = new OperatorCheckpoint(info, session.sessionState.newHadoopConf())
-    if (checkpoint.hasUMJoinState && !checkpoint.takesOverSparkJoins) {
+    if (checkpoint.hasUMJoinState && !checkpoint.takesOverSparkJoins && !checkpoint.takenBack) {
       throw new IllegalStateException(checkpoint.refusal(
         "a StreamingUMJoin's state written by an earlier version of UMJoin, which replaced " +
           "Spark's joins after Spark had planned them (the checkpoint's metadata names Spark's " +
