@@ -133,11 +133,14 @@ def test_a_chain_that_ran_sparks_joins_keeps_them_where_umjoin_cannot_take_their
     assert any(reason in r for r in reasons), reasons
 
 
-def test_a_switch_over_micro_batch_that_fails_after_the_take_over_runs_again_from_the_taken_over_state(
-        spark: SparkSession, tmp_path: Path) -> None:
-    """The sink fails in the micro-batch that took Spark's joins' state over (its stores written, the checkpoint's
-    metadata switched, the micro-batch not committed): the restart runs that micro-batch again as a StreamingUMJoin
-    from the state taken over, and each micro-batch's rows, as the sink last received them, are Spark's."""
+@pytest.mark.parametrize("switch", ["over", "back"])
+def test_a_switch_micro_batch_that_fails_after_the_state_moved_runs_again_from_the_moved_state(
+        spark: SparkSession, tmp_path: Path, switch: str) -> None:
+    """The sink fails in the micro-batch that took the state over to UMJoin (or back to Spark's joins): its stores
+    written, the checkpoint's metadata switched, the micro-batch not committed. The restart runs that micro-batch
+    again from the state moved (as a StreamingUMJoin, or Spark's joins), and each micro-batch's rows, as the sink
+    last received them, are Spark's."""
+    back = switch == "back"
     drawn = draw(random.Random(11), RUNS[-1][1])
     settings = {**ROCKSDB, "spark.sql.shuffle.partitions": "3"}
     failed: list[int] = []
@@ -151,7 +154,8 @@ def test_a_switch_over_micro_batch_that_fails_after_the_take_over_runs_again_fro
         with temporary_conf(spark, {"spark.umjoin.enabled": "false"}):
             write_runs(tmp_path / "all", drawn, 0, RUNS[-1][1])
             _, expected = run_by_batch(chain(spark, tmp_path / "all"), tmp_path / "ck-spark")
-            write_runs(tmp_path / "in", drawn, *RUNS[0])
+        write_runs(tmp_path / "in", drawn, *RUNS[0])
+        with temporary_conf(spark, {"spark.umjoin.enabled": str(back).lower()}):
             _, first = run_by_batch(chain(spark, tmp_path / "in"), tmp_path / "ck")
         write_runs(tmp_path / "in", drawn, RUNS[1][0], RUNS[-1][1])
         last: dict[int, list] = {}
@@ -161,14 +165,16 @@ def test_a_switch_over_micro_batch_that_fails_after_the_take_over_runs_again_fro
             fail_once_in_the_switch_over(batch_id)
 
         for attempt in range(2):
-            query = (chain(spark, tmp_path / "in").writeStream.foreachBatch(keep)
-                     .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-            try:
-                query.awaitTermination()
-            except Exception:  # the sink's failure, once
-                assert attempt == 0
+            with temporary_conf(spark, {"spark.umjoin.enabled": str(not back).lower()}):
+                query = (chain(spark, tmp_path / "in").writeStream.foreachBatch(keep)
+                         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+                try:
+                    query.awaitTermination()
+                except Exception:  # the sink's failure, once
+                    assert attempt == 0
         assert failed == [RUNS[1][0] + 1]
-        assert "StreamingUMJoin" in executed_plan(query)
+        assert ("StreamingUMJoin" in executed_plan(query)) != back
+        assert (tmp_path / "ck" / "umjoin" / f"taken-{switch}-{RUNS[1][0] + 1}").is_dir()
     rows_by_batch = {b: rows for b, rows in last.items() if rows}
     expected_by_batch: dict[int, list] = {}
     for row, batches in expected.items():
