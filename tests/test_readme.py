@@ -27,6 +27,11 @@ def test_readme_block_runs_as_written(code: str, tmp_path: Path) -> None:
         # The Quick start promises a UMJoin where Spark plans binary joins.
         assert "UMJoin inputs=" in run.stdout, run.stdout[-3000:]
         assert "SortMergeJoin" not in run.stdout and "BroadcastHashJoin" not in run.stdout, run.stdout[-3000:]
+    if "spark.umjoin.enabled" in code:
+        # The switch over and back: Spark's joins, then a StreamingUMJoin, then Spark's joins again, every row once.
+        assert run.stdout.splitlines() == [
+            "UMJoin off: ['symmetricHashJoin', 'symmetricHashJoin']", "UMJoin on : ['umJoin']",
+            "UMJoin off: ['symmetricHashJoin', 'symmetricHashJoin']", "51 rows written, the batch join's: True"], run.stdout
     if "lineitems" in code:
         assert lineitems_per_region() in run.stdout.splitlines(), run.stdout[-3000:]
 
