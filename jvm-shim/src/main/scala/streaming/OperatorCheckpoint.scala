@@ -163,13 +163,7 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
     moveAway(new Path(operator, "_stateSchema"), new Path(own, "_stateSchema"))
     rewriteOperatorMetadata(metadata)
     replaced.foreach(id => moveAway(new Path(state, id.toString), new Path(away, id.toString)))
-    for (partition <- fs.listStatus(operator).filter(_.isDirectory)
-         if partition.getPath.getName.toIntOption.isDefined;
-         store <- fs.listStatus(partition.getPath)
-         if store.isDirectory && store.getPath.getName != InputState.PartitionStoreName) {
-      val name = s"${partition.getPath.getName}/${store.getPath.getName}"
-      moveAway(store.getPath, new Path(own, name))
-    }
+    moveStores(_ != InputState.PartitionStoreName, own)
     away
   }
 
@@ -224,14 +218,18 @@ final class OperatorCheckpoint(info: StatefulOperatorStateInfo, hadoopConf: Conf
     for (file <- fs.listStatus(operator) if file.getPath.getName.startsWith("_umjoin_")) {
       moveAway(file.getPath, new Path(away, file.getPath.getName))
     }
-    for (partition <- fs.listStatus(operator).filter(_.isDirectory)
+    moveStores(_ == InputState.PartitionStoreName, away)
+  }
+
+  /** The operator's stores (in its partitions' directories) whose names `moved` picks, to `to`. */
+  private def moveStores(moved: String => Boolean, to: Path): Unit =
+    for (partition <- fs.listStatus(layoutFile.getParent).filter(_.isDirectory)
          if partition.getPath.getName.toIntOption.isDefined;
          store <- fs.listStatus(partition.getPath)
-         if store.isDirectory && store.getPath.getName == InputState.PartitionStoreName) {
-      moveAway(store.getPath, new Path(away, s"${partition.getPath.getName}/${store.getPath
-        .getName}"))
+         if store.isDirectory && moved(store.getPath.getName)) {
+      val name = s"${partition.getPath.getName}/${store.getPath.getName}"
+      moveAway(store.getPath, new Path(to, name))
     }
-  }
 
   private def moveAway(path: Path, to: Path): Unit = if (fs.exists(path)) {
     fs.mkdirs(to.getParent)
