@@ -118,7 +118,11 @@ object SparkJoinTakeBack extends Logging {
 
   private def isStreamJoin(j: Join): Boolean = j.left.isStreaming && j.right.isStreaming
 
-  private def startsRegion(l: LogicalPlan): Boolean = l match {
+  /**
+   * Whether a join region starts at `l`: a join of a stream, under any projections and filters
+   * (the planner's groups and the take-back both work region by region).
+   */
+  def startsRegion(l: LogicalPlan): Boolean = l match {
     case j: Join => j.isStreaming
     case p: Project => startsRegion(p.child)
     case f: Filter => startsRegion(f.child)

@@ -224,17 +224,11 @@ final class StreamingPlannerStrategy(session: SparkSession, groups: StreamingGro
    */
   private def planGroups(root: LogicalPlan, ie: IncrementalExecution, firstOfRun: Boolean,
       takeOverFormat: Option[Int]): Option[LogicalPlan] = {
-    def startsRegion(l: LogicalPlan): Boolean = l match {
-      case j: Join => isJoinOfAStream(j)
-      case p: Project => startsRegion(p.child)
-      case f: Filter => startsRegion(f.child)
-      case _ => false
-    }
     var converted = false
     var reserved = 0
     val staticSlots = Iterator.from(0)
     def visit(l: LogicalPlan): LogicalPlan =
-      if (startsRegion(l)) {
+      if (SparkJoinTakeBack.startsRegion(l)) {
         planRegion(l, ie, firstOfRun, staticSlots, takeOverFormat).map { case (r, ids) =>
           converted = true
           reserved += ids
